@@ -1,0 +1,65 @@
+"""The ``Communicator`` interface: the collectives a synchronization strategy needs.
+
+Verbs follow Horovod's naming (``allreduce_`` works in place, ``allreduce_async_``
+returns a handle to ``wait`` on). ``group`` is a sorted tuple of world ranks, or ``None``
+for the whole world, and must hold the calling rank. Groups are created collectively
+and once, by ``register_groups``, in the same order on every rank; an op on a group that
+was never registered is an error rather than a silent hang.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+import torch
+
+__all__ = ["Communicator", "Group", "Work"]
+
+Group = tuple[int, ...]
+
+
+class Work(Protocol):
+    def wait(self) -> None:
+        """Block until the op is done; raise ``CommunicationError`` on failure or timeout."""
+
+
+class Communicator(ABC):
+    """Collectives over a fixed world of ranks, with cached subgroups."""
+
+    rank: int
+    world_size: int
+    timeout_s: float
+
+    @abstractmethod
+    def register_groups(self, groups: Iterable[Sequence[int]]) -> None:
+        """Create every listed group (collective: all ranks pass the same list)."""
+
+    @abstractmethod
+    def allreduce_(self, tensor: torch.Tensor, group: Group | None = None) -> None:
+        """Sum ``tensor`` over ``group`` in place."""
+
+    @abstractmethod
+    def allreduce_async_(self, tensor: torch.Tensor, group: Group | None = None) -> Work:
+        """Start an in-place sum over ``group``; ``wait()`` on the result."""
+
+    @abstractmethod
+    def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> None:
+        """Overwrite ``tensor`` on every rank with rank ``src``'s (world)."""
+
+    @abstractmethod
+    def allgather_object(self, obj: Any) -> list[Any]:
+        """Every rank's picklable ``obj``, indexed by rank (world)."""
+
+    @abstractmethod
+    def barrier(self) -> None:
+        """Wait for every rank (world)."""
+
+    def check_member(self, group: Group | None) -> None:
+        if group is not None and self.rank not in group:
+            from dssync.errors import CommunicationError
+
+            raise CommunicationError(
+                f"rank {self.rank} called a collective on group {list(group)}, which it is not in"
+            )

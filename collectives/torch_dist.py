@@ -1,0 +1,160 @@
+"""``Communicator`` over ``torch.distributed``: gloo for CPU tensors, NCCL for CUDA ones.
+
+The process group is initialised with ``"cpu:gloo,cuda:nccl"`` when CUDA is present, so
+the same subgroups serve both kinds of tensors. Subgroups are created by
+``register_groups`` (``dist.new_group`` must be called by every rank, in the same order)
+and cached by rank tuple; size-one groups need no communication and get none.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dssync.collectives.base import Communicator, Group
+from dssync.errors import CommunicationError
+
+__all__ = ["TorchCommunicator", "default_backend", "init_process_group"]
+
+
+def default_backend() -> str:
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_process_group(
+    *, rank: int, world_size: int, init_method: str, timeout_s: float, backend: str | None = None
+) -> None:
+    """Join the world; every later collective inherits ``timeout_s``."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    try:
+        dist.init_process_group(
+            backend=backend or default_backend(),
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+    except (RuntimeError, ValueError) as exc:
+        raise CommunicationError(
+            f"rank {rank}: could not join a world of {world_size} ranks at {init_method} within "
+            f"{timeout_s:.0f} s: {_first_line(exc)}"
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+class _TorchWork:
+    def __init__(self, work: Any, describe: str, timeout_s: float) -> None:
+        self._work, self._describe, self._timeout_s = work, describe, timeout_s
+
+    def wait(self) -> None:
+        try:
+            self._work.wait(timeout=datetime.timedelta(seconds=self._timeout_s))
+        except RuntimeError as exc:
+            raise CommunicationError(f"{self._describe} failed: {_first_line(exc)}") from None
+
+
+class TorchCommunicator(Communicator):
+    """Adapter for an initialised ``torch.distributed`` default process group."""
+
+    def __init__(self, *, timeout_s: float = 300.0) -> None:
+        if not dist.is_initialized():
+            raise CommunicationError(
+                "torch.distributed is not initialised; call dssync.collectives.init_process_group "
+                "first, or start the job with a launcher (torchrun) or --nproc"
+            )
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.timeout_s = timeout_s
+        self._groups: dict[Group, Any] = {}
+
+    # -- groups --------------------------------------------------------------------------
+    def register_groups(self, groups: Iterable[Sequence[int]]) -> None:
+        wanted = list(dict.fromkeys(tuple(sorted(g)) for g in groups))
+        # A rank that lists other groups would block every rank in new_group; compare first.
+        lists = self.allgather_object(wanted)
+        disagree = [r for r, other in enumerate(lists) if other != wanted]
+        if disagree:
+            raise CommunicationError(
+                f"rank {self.rank}: ranks {disagree} asked for other groups than rank "
+                f"{self.rank} ({len(wanted)} groups); every rank must use the same schedule"
+            )
+        world = tuple(range(self.world_size))
+        for group in wanted:
+            if len(group) < 2 or group == world or group in self._groups:
+                continue
+            if group[-1] >= self.world_size or group[0] < 0:
+                raise CommunicationError(
+                    f"group {list(group)} names ranks outside the world of {self.world_size}"
+                )
+            self._groups[group] = dist.new_group(
+                ranks=list(group), timeout=datetime.timedelta(seconds=self.timeout_s)
+            )
+
+    def _process_group(self, group: Group | None) -> Any:
+        if group is None or len(group) == self.world_size:
+            return None  # the default (world) group
+        self.check_member(group)
+        try:
+            return self._groups[group]
+        except KeyError:
+            raise CommunicationError(
+                f"rank {self.rank}: group {list(group)} was never registered; list every group "
+                "in register_groups() before using it (all ranks, same order)"
+            ) from None
+
+    def _describe(self, op: str, group: Group | None) -> str:
+        where = "the world" if group is None else f"group {list(group)}"
+        return f"rank {self.rank}: {op} over {where} (timeout {self.timeout_s:.0f} s)"
+
+    # -- collectives -----------------------------------------------------------------------
+    def allreduce_(self, tensor: torch.Tensor, group: Group | None = None) -> None:
+        self.allreduce_async_(tensor, group).wait()
+
+    def allreduce_async_(self, tensor: torch.Tensor, group: Group | None = None) -> _TorchWork:
+        pg = self._process_group(group)
+        describe = self._describe("allreduce", group)
+        try:
+            work = dist.all_reduce(tensor, group=pg, async_op=True)
+        except RuntimeError as exc:
+            raise CommunicationError(f"{describe} failed: {_first_line(exc)}") from None
+        return _TorchWork(work, describe, self.timeout_s)
+
+    def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> None:
+        try:
+            dist.broadcast(tensor, src=src)
+        except RuntimeError as exc:
+            raise CommunicationError(
+                f"{self._describe(f'broadcast from rank {src}', None)} failed: {_first_line(exc)}"
+            ) from None
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world_size
+        try:
+            dist.all_gather_object(out, obj)
+        except RuntimeError as exc:
+            raise CommunicationError(
+                f"{self._describe('allgather', None)} failed: {_first_line(exc)}"
+            ) from None
+        return out
+
+    def barrier(self) -> None:
+        try:
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=self.timeout_s)) \
+                if dist.get_backend() == "gloo" else dist.barrier()
+        except RuntimeError as exc:
+            raise CommunicationError(
+                f"{self._describe('barrier', None)} failed: {_first_line(exc)}"
+            ) from None
+
+    def process_group(self, group: Group | None) -> Any:
+        """The cached ``ProcessGroup`` for ``group`` (``None`` is the world)."""
+        return self._process_group(group)

@@ -1,0 +1,50 @@
+"""Reading and writing the versioned JSON contracts (topology.json, schedule.json)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["read_versioned", "write_json"]
+
+
+def read_versioned(
+    path: str | os.PathLike[str], *, kind: str, version: int, error: type[Exception]
+) -> dict[str, Any]:
+    """Load a JSON object from ``path`` and check its ``"version"``.
+
+    Every failure (missing file, bad JSON, wrong top-level type, wrong version) raises
+    ``error`` with a one-line message that names the file and the fix.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise error(f"{kind} file {path} does not exist") from None
+    except OSError as exc:
+        raise error(f"cannot read {kind} file {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(
+            f"{kind} file {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: "
+            f"{exc.msg})"
+        ) from None
+    if not isinstance(data, dict):
+        raise error(f"{kind} file {path} must hold a JSON object, found {type(data).__name__}")
+    found = data.get("version")
+    if found != version:
+        raise error(
+            f'{kind} file {path} has "version": {found!r}; this dssync reads version {version}'
+        )
+    return data
+
+
+def write_json(path: str | os.PathLike[str], data: Any) -> None:
+    """Write ``data`` as indented JSON, atomically (write a sibling, then rename)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)

@@ -1,0 +1,44 @@
+"""Options and loaders shared by several subcommands."""
+
+from __future__ import annotations
+
+import argparse
+
+from dssync.schedule import Schedule
+from dssync.topology import Topology
+
+__all__ = ["add_topology_options", "topology_from_args"]
+
+
+def parse_rack_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"rack sizes must look like 4,4 or 5,3, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"rack sizes must be positive integers, got {text!r}")
+    return sizes
+
+
+def add_topology_options(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("topology")
+    g.add_argument("--topology", metavar="FILE", help="topology.json (from `dssync probe` or by hand)")
+    g.add_argument("--rack-sizes", type=parse_rack_sizes, metavar="A,B,...",
+                   help="a logical topology instead of a file: consecutive ranks per rack")
+    g.add_argument("--racks", type=int, default=2, metavar="R",
+                   help="without --topology/--rack-sizes: split the ranks evenly into R racks (default 2)")
+    g.add_argument("--schedule", metavar="FILE", help="schedule.json to follow (default: plan one)")
+
+
+def topology_from_args(args: argparse.Namespace) -> Topology | None:
+    if args.topology and args.rack_sizes:
+        raise ValueError("give either --topology or --rack-sizes, not both")
+    if args.topology:
+        return Topology.load(args.topology)
+    if args.rack_sizes:
+        return Topology.from_rack_sizes(args.rack_sizes)
+    return None
+
+
+def schedule_from_args(args: argparse.Namespace) -> Schedule | None:
+    return Schedule.load(args.schedule) if args.schedule else None

@@ -1,0 +1,54 @@
+"""``dssync plan``: build the divide-and-shuffle schedule for a topology."""
+
+from __future__ import annotations
+
+import argparse
+
+from dssync.planner import DEFAULT_MAX_PERIOD, check_static, static_plan
+from dssync.schedule import Schedule
+from dssync.topology import Topology
+
+__all__ = ["add_parser", "print_schedule", "run"]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="plan a divide-and-shuffle schedule for a topology",
+                       description="Read TOPOLOGY (topology.json), write the static divide-and-shuffle "
+                       "schedule (paper Fig. 4) as schedule.json.")
+    p.add_argument("topology", metavar="TOPOLOGY", help="topology.json")
+    p.add_argument("--out", required=True, metavar="FILE", help="where to write schedule.json")
+    p.add_argument("--print", action="store_true", dest="show", help="also print the period as a table")
+    p.add_argument("--max-period", type=int, default=DEFAULT_MAX_PERIOD,
+                   help="longest exact rotation before a bounded one is used (default %(default)s)")
+    p.add_argument("--message-mb", type=float, default=None,
+                   help="model size; with measured bandwidth, fills in predicted_comm_ms")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    topology = Topology.load(args.topology)
+    message_bytes = None if args.message_mb is None else int(args.message_mb * 1e6)
+    schedule = static_plan(topology, max_period=args.max_period, message_bytes=message_bytes)
+    check_static(schedule, topology)
+    schedule.save(args.out)
+    if args.show:
+        print_schedule(schedule, topology)
+    print(f"wrote {args.out}: {topology.world_size} ranks, {topology.num_racks} racks, "
+          f"period {len(schedule.period)}, rho {schedule.rho:.4f}")
+    return 0
+
+
+def print_schedule(schedule: Schedule, topology: Topology) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"divide-and-shuffle period (rho = {schedule.rho:.4f})")
+    table.add_column("round", justify="right")
+    table.add_column("inter-rack group")
+    table.add_column("intra-rack groups")
+    for t, partition in enumerate(schedule.period):
+        crossing = [g for g in partition if len({topology.rack_of(r) for r in g}) > 1]
+        local = [g for g in partition if g not in crossing]
+        table.add_row(str(t), " ".join(str(list(g)) for g in crossing) or "-",
+                      " ".join(str(list(g)) for g in local) or "-")
+    Console().print(table)

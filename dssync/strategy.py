@@ -1,0 +1,94 @@
+"""The ``Strategy`` interface and the registry of synchronization strategies.
+
+A strategy wraps one rank's model and decides what is communicated around the local
+optimizer step. The training loop calls, per iteration::
+
+    loss.backward(); strategy.before_step(step); optimizer.step(); strategy.after_step(step)
+
+``before_step`` and ``after_step`` are the public template methods: they time the
+strategy's communication (``comm_s``, one sample per iteration, seconds on this rank) and
+call the ``_before_step`` / ``_after_step`` hooks that subclasses implement.
+``final_model()`` is collective and returns the model the strategy hands back.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from torch import nn
+
+from dssync.collectives import Communicator
+from dssync.schedule import Schedule
+from dssync.topology import Topology
+
+__all__ = ["Strategy", "StrategyContext"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrategyContext:
+    """What every strategy is built with."""
+
+    comm: Communicator
+    model: nn.Module
+    topology: Topology
+    schedule: Schedule | None = None
+    """A schedule to follow; strategies that plan their own ignore it if ``None``."""
+
+
+class Strategy(ABC):  # noqa: B024 - every hook has a no-op default
+    name: ClassVar[str]
+
+    @dataclass(frozen=True, kw_only=True)
+    class Config:
+        """Per-strategy settings; subclasses extend it."""
+
+    def __init__(self, ctx: StrategyContext, config: Strategy.Config | None = None) -> None:
+        self.ctx = ctx
+        self.comm = ctx.comm
+        self.model = ctx.model
+        self.config = config if config is not None else type(self).Config()
+        self.comm_s: list[float] = []
+        self._pending_s = 0.0
+
+    # -- lifecycle (collective) ----------------------------------------------------------
+    def setup(self) -> None:
+        """Create groups and make every rank start from rank 0's parameters."""
+        for p in self.model.parameters():
+            self.comm.broadcast_(p.data, src=0)
+
+    def final_model(self) -> nn.Module:
+        """The model this strategy hands back at the end (collective; non-destructive)."""
+        return self.model
+
+    def schedule_changes(self) -> list[dict[str, Any]]:
+        """``[{step, reason, schedule}]`` for strategies that follow a schedule."""
+        return []
+
+    # -- per iteration (template methods) ------------------------------------------------------
+    def before_step(self, step: int) -> None:
+        t0 = time.perf_counter()
+        communicated = self._before_step(step)
+        self._pending_s = time.perf_counter() - t0 if communicated else 0.0
+
+    def after_step(self, step: int) -> None:
+        t0 = time.perf_counter()
+        communicated = self._after_step(step)
+        elapsed = time.perf_counter() - t0 if communicated else 0.0
+        self.comm_s.append(self._pending_s + elapsed)
+        self._pending_s = 0.0
+        self._after_comm(step)
+
+    def _before_step(self, step: int) -> bool:
+        """Work between backward and the optimizer step; return True if it communicated."""
+        return False
+
+    def _after_step(self, step: int) -> bool:
+        """Work after the optimizer step; return True if it communicated."""
+        return False
+
+    def _after_comm(self, step: int) -> None:
+        """Local bookkeeping after the iteration's communication (not timed)."""
+        return None

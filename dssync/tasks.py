@@ -1,0 +1,91 @@
+"""Training tasks: real data that ships inside installed packages, and a synthetic model
+of configurable byte size for communication work. Nothing is downloaded at run time.
+
+A task gives every rank the same test split and model initialisation, and each rank a
+disjoint shard of the training split (rank ``r`` takes every ``world_size``-th example).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["TASKS", "Task", "build_task"]
+
+
+@dataclass
+class Task:
+    name: str
+    model: nn.Module
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+
+    def shard(self, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.train_x[rank::world_size], self.train_y[rank::world_size]
+
+    def batches(self, rank: int, world_size: int, batch_size: int, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Endless minibatches from this rank's shard, reshuffled every epoch."""
+        x, y = self.shard(rank, world_size)
+        gen = torch.Generator().manual_seed(seed * 100_003 + rank)
+        while True:
+            order = torch.randperm(len(x), generator=gen)
+            for i in range(0, len(x) - batch_size + 1, batch_size):
+                idx = order[i : i + batch_size]
+                yield x[idx], y[idx]
+
+    @torch.no_grad()
+    def accuracy(self, model: nn.Module) -> float:
+        model.eval()
+        correct = 0
+        for i in range(0, len(self.test_x), 1024):
+            pred = model(self.test_x[i : i + 1024]).argmax(dim=1)
+            correct += int((pred == self.test_y[i : i + 1024]).sum())
+        model.train()
+        return correct / len(self.test_x)
+
+
+def _digits(seed: int, model_mb: float) -> Task:
+    """scikit-learn's handwritten digits (1797 8x8 images, ships with scikit-learn); a
+    two-layer MLP; a stratified 25 % held-out test split, fixed across seeds."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)
+    xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.25, random_state=0, stratify=y)
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    return Task("digits", model, torch.from_numpy(xtr), torch.from_numpy(ytr),
+                torch.from_numpy(xte), torch.from_numpy(yte))
+
+
+def _synthetic(seed: int, model_mb: float) -> Task:
+    """A teacher-labelled classification problem with an MLP whose parameters take
+    ``model_mb`` megabytes (float32): for communication experiments at a chosen size."""
+    in_dim, classes = 32, 10
+    hidden = max(1, round(model_mb * 1e6 / 4 / (in_dim + 1 + classes)))
+    gen = np.random.default_rng(1234)  # the problem is fixed; only the model init uses seed
+    teacher = gen.standard_normal((in_dim, classes)).astype(np.float32)
+    x = gen.standard_normal((5120, in_dim)).astype(np.float32)
+    y = (x @ teacher).argmax(axis=1)
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+    return Task("synthetic", model, torch.from_numpy(x[:4096]), torch.from_numpy(y[:4096]),
+                torch.from_numpy(x[4096:]), torch.from_numpy(y[4096:]))
+
+
+TASKS: dict[str, Callable[[int, float], Task]] = {"digits": _digits, "synthetic": _synthetic}
+
+
+def build_task(name: str, *, seed: int = 0, model_mb: float = 1.0) -> Task:
+    try:
+        builder = TASKS[name]
+    except KeyError:
+        raise ValueError(f"unknown task {name!r}; choose one of: {', '.join(sorted(TASKS))}") from None
+    return builder(seed, model_mb)

@@ -1,0 +1,165 @@
+"""The training loop every strategy runs in, and its measurements (DESIGN sections 5, 7).
+
+``train(config)`` runs ``config.strategy`` on every rank (local ranks it spawns, or this
+rank under a launcher) and returns rank 0's result: the ``train --json`` record.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from dssync.collectives import Communicator
+from dssync.errors import ScheduleError, TopologyError
+from dssync.launch import run_ranks
+from dssync.schedule import Schedule
+from dssync.strategies import get_strategy
+from dssync.strategy import StrategyContext
+from dssync.tasks import build_task
+from dssync.topology import Topology
+
+__all__ = ["TrainConfig", "summarize_comm", "train", "train_rank"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    strategy: str
+    task: str = "digits"
+    steps: int = 300
+    seed: int = 0
+    batch_size: int = 32
+    lr: float = 0.05
+    momentum: float = 0.9
+    eval_every: int = 25
+    """Evaluate the model the strategy would hand back every this many steps (rank 0)."""
+    model_mb: float = 1.0
+    """Model size for the ``synthetic`` task, in megabytes of float32 parameters."""
+    num_racks: int = 2
+    """Racks of the logical topology used when ``topology`` is not given."""
+    topology: Topology | None = None
+    schedule: Schedule | None = None
+    strategy_options: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float = 300.0
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        get_strategy(self.strategy)  # unknown names fail here, before any process starts
+        for name in ("steps", "batch_size", "eval_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
+        if self.model_mb <= 0:
+            raise ValueError(f"model size must be positive, got {self.model_mb} MB")
+
+
+def summarize_comm(samples_by_rank: list[list[float]], *, warmup: int) -> tuple[float, list[float]]:
+    """Median over iterations after ``warmup`` of the per-iteration maximum over ranks (ms)."""
+    per_iter = [max(s) * 1e3 for s in zip(*samples_by_rank, strict=True)]
+    kept = per_iter[warmup:] or per_iter
+    return (statistics.median(kept) if kept else 0.0), per_iter
+
+
+def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
+    """One rank's training run; rank 0 returns the record, the others ``None``."""
+    rank, world_size = comm.rank, comm.world_size
+    topology = cfg.topology or Topology.even(world_size, min(cfg.num_racks, world_size))
+    if topology.world_size != world_size:
+        raise TopologyError(
+            f"the topology has {topology.world_size} workers but the job has {world_size} ranks; "
+            f"use --nproc {topology.world_size} or a topology for {world_size} ranks"
+        )
+    task = build_task(cfg.task, seed=cfg.seed, model_mb=cfg.model_mb)
+    model = task.model
+    cls = get_strategy(cfg.strategy)
+    strategy = cls(
+        StrategyContext(comm=comm, model=model, topology=topology, schedule=cfg.schedule),
+        cls.Config(**cfg.strategy_options),
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    strategy.setup()
+    batches = task.batches(rank, world_size, cfg.batch_size, cfg.seed)
+
+    progress = _progress(cfg, world_size) if cfg.progress and rank == 0 else None
+    curve: list[dict[str, float]] = []
+    eval_s = 0.0
+    comm.barrier()
+    start = time.perf_counter()
+    for step in range(cfg.steps):
+        x, y = next(batches)
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        strategy.before_step(step)
+        optimizer.step()
+        strategy.after_step(step)
+        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+            t0 = time.perf_counter()
+            handed_back = strategy.final_model()  # collective for some strategies
+            if rank == 0:
+                curve.append({"step": step + 1, "accuracy": task.accuracy(handed_back)})
+            eval_s += time.perf_counter() - t0
+        if progress is not None:
+            progress[0].update(progress[1], advance=1)
+    wall_s = time.perf_counter() - start - eval_s
+    if progress is not None:
+        progress[0].stop()
+
+    samples = comm.allgather_object(strategy.comm_s)
+    if rank != 0:
+        return None
+    comm_ms, per_iter = summarize_comm(samples, warmup=min(10, cfg.steps // 10))
+    return {
+        "strategy": cfg.strategy,
+        "task": cfg.task,
+        "world_size": world_size,
+        "steps": cfg.steps,
+        "final_accuracy": curve[-1]["accuracy"],
+        "best_accuracy": max(c["accuracy"] for c in curve),
+        "wall_s": wall_s,
+        "comm_ms_per_iter": comm_ms,
+        "schedule_changes": strategy.schedule_changes(),
+        "curve": curve,
+        "comm_ms_samples": per_iter,
+        "config": {k: v for k, v in asdict(cfg).items()
+                   if k not in ("topology", "schedule", "progress")},
+    }
+
+
+def _progress(cfg: TrainConfig, world_size: int) -> tuple[Any, Any]:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=Console(stderr=True))
+    task_id = bar.add_task(f"{cfg.strategy} on {cfg.task}, {world_size} ranks", total=cfg.steps)
+    bar.start()
+    return bar, task_id
+
+
+def train(cfg: TrainConfig, *, nproc: int | None) -> dict[str, Any] | None:
+    """Run ``cfg`` on ``nproc`` local ranks (or this rank under a launcher).
+
+    Returns rank 0's record; ``None`` on the other ranks of a launched job.
+    """
+    from dssync.launch import from_environ
+
+    launched = from_environ()
+    world_size = launched.world_size if launched is not None else nproc
+    if cfg.topology is not None and world_size is not None and cfg.topology.world_size != world_size:
+        raise TopologyError(
+            f"the topology has {cfg.topology.world_size} workers but the job has {world_size} "
+            f"ranks; use --nproc {cfg.topology.world_size} or a topology for {world_size} ranks"
+        )
+    if cfg.schedule is not None and world_size is not None and cfg.schedule.world_size != world_size:
+        raise ScheduleError(
+            f"the schedule is for {cfg.schedule.world_size} ranks but the job has {world_size}; "
+            "plan one for this job with `dssync plan`"
+        )
+    results = run_ranks(train_rank, cfg, nproc=nproc, timeout_s=cfg.timeout_s)
+    return results[0]

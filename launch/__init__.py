@@ -1,0 +1,6 @@
+"""Launching: detect a launcher's environment, or spawn local ranks."""
+
+from dssync.launch.env import LaunchEnv, from_environ
+from dssync.launch.spawn import free_port, run_ranks
+
+__all__ = ["LaunchEnv", "free_port", "from_environ", "run_ranks"]

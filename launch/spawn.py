@@ -1,0 +1,161 @@
+"""Run a function on every rank of a world: spawn local ranks, or be one under a launcher.
+
+``run_ranks(fn, *args, nproc=N)`` starts ``N`` fresh processes (``spawn``, not ``fork``:
+torch and threads), joins them in one gloo world on loopback and calls
+``fn(comm, *args)`` in each. A rank that raises, dies or hangs past the timeout stops the
+whole job: the others are terminated and the first failure is raised with its rank.
+Under a launcher (torchrun, ``dssync emulate run``) the same call runs just this rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from dssync.errors import DssyncError
+from dssync.launch.env import LaunchEnv, from_environ
+
+__all__ = ["free_port", "run_ranks"]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _setup_rank(rank: int, world_size: int, init_method: str, timeout_s: float) -> Any:
+    import torch
+
+    from dssync.collectives.torch_dist import TorchCommunicator, init_process_group
+
+    torch.set_num_threads(1)  # ranks share the machine's cores; one thread each
+    init_process_group(rank=rank, world_size=world_size, init_method=init_method, timeout_s=timeout_s)
+    return TorchCommunicator(timeout_s=timeout_s)
+
+
+def _teardown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def _child(rank: int, world_size: int, init_method: str, timeout_s: float,
+           fn: Callable[..., Any], args: tuple[Any, ...], results: Any) -> None:
+    try:
+        comm = _setup_rank(rank, world_size, init_method, timeout_s)
+        results.put((rank, True, fn(comm, *args), ""))
+    except BaseException as exc:  # noqa: BLE001 - every failure goes to the parent
+        results.put((rank, False, f"{type(exc).__name__}: {exc}" if not isinstance(exc, DssyncError | ValueError) else str(exc),
+                     traceback.format_exc()))
+    finally:
+        _teardown()
+
+
+def run_ranks(
+    fn: Callable[..., Any],
+    *args: Any,
+    nproc: int | None,
+    timeout_s: float = 300.0,
+    job_timeout_s: float | None = None,
+) -> list[Any]:
+    """Run ``fn(comm, *args)`` on every rank; return the results by rank.
+
+    Under a launcher, ``nproc`` must be ``None`` or the launcher's world size, and the
+    list holds only this rank's result (at its index; the others are ``None``).
+    ``timeout_s`` bounds every collective; ``job_timeout_s`` bounds the whole job.
+    """
+    launched = from_environ()
+    if launched is not None:
+        return _run_launched(launched, fn, args, nproc, timeout_s)
+    if nproc is None or nproc < 1:
+        raise ValueError(f"--nproc must be a positive number of local ranks, got {nproc}")
+    return _spawn(fn, args, nproc, timeout_s, job_timeout_s)
+
+
+def _run_launched(env: LaunchEnv, fn: Callable[..., Any], args: tuple[Any, ...],
+                  nproc: int | None, timeout_s: float) -> list[Any]:
+    if nproc is not None and nproc != env.world_size:
+        raise ValueError(
+            f"--nproc {nproc} does not match the {env.launcher} world of {env.world_size} ranks; "
+            "drop --nproc under a launcher"
+        )
+    comm = _setup_rank(env.rank, env.world_size, env.init_method, timeout_s)
+    try:
+        out: list[Any] = [None] * env.world_size
+        out[env.rank] = fn(comm, *args)
+        return out
+    finally:
+        _teardown()
+
+
+def _spawn(fn: Callable[..., Any], args: tuple[Any, ...], nproc: int,
+           timeout_s: float, job_timeout_s: float | None) -> list[Any]:
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME")}
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # local ranks talk over loopback only
+    try:
+        procs = [ctx.Process(target=_child, args=(r, nproc, init_method, timeout_s, fn, args, results),
+                             name=f"dssync-rank{r}") for r in range(nproc)]
+        for p in procs:
+            p.start()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    out: list[Any] = [None] * nproc
+    done: set[int] = set()
+    failure: tuple[int, str, str] | None = None
+    deadline = None if job_timeout_s is None else time.monotonic() + job_timeout_s
+    try:
+        while len(done) < nproc and failure is None:
+            try:
+                rank, ok, value, tb = results.get(timeout=0.2)
+            except queue.Empty:
+                for r, p in enumerate(procs):
+                    if r not in done and not p.is_alive() and p.exitcode not in (0, None):
+                        # Died without a word (killed, segfault): give its message a moment.
+                        time.sleep(0.5)
+                        if results.empty():
+                            failure = (r, f"rank {r} exited with code {p.exitcode} before finishing", "")
+                        break
+                if deadline is not None and time.monotonic() > deadline:
+                    missing = sorted(set(range(nproc)) - done)
+                    failure = (missing[0], f"job did not finish within {job_timeout_s:.0f} s; "
+                               f"ranks {missing} still running", "")
+                continue
+            if ok:
+                out[rank] = value
+                done.add(rank)
+            else:
+                failure = (rank, value, tb)
+    finally:
+        if failure is not None:
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if failure is not None:
+        rank, message, tb = failure
+        if os.environ.get("DSSYNC_DEBUG"):
+            print(tb)
+        raise DssyncError(message if message.startswith("rank ") else f"rank {rank}: {message}")
+    return out
