@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import socket
 import time
@@ -53,10 +54,11 @@ def _child(rank: int, world_size: int, init_method: str, timeout_s: float,
            fn: Callable[..., Any], args: tuple[Any, ...], results: Any) -> None:
     try:
         comm = _setup_rank(rank, world_size, init_method, timeout_s)
-        results.put((rank, True, fn(comm, *args), ""))
+        # Pickle here, not in the queue's feeder thread, where a failure would be lost.
+        results.put((rank, True, pickle.dumps(fn(comm, *args)), ""))
     except BaseException as exc:  # noqa: BLE001 - every failure goes to the parent
-        results.put((rank, False, f"{type(exc).__name__}: {exc}" if not isinstance(exc, DssyncError | ValueError) else str(exc),
-                     traceback.format_exc()))
+        message = str(exc) if isinstance(exc, DssyncError | ValueError) else f"{type(exc).__name__}: {exc}"
+        results.put((rank, False, message, traceback.format_exc()))
     finally:
         _teardown()
 
@@ -127,11 +129,12 @@ def _spawn(fn: Callable[..., Any], args: tuple[Any, ...], nproc: int,
                 rank, ok, value, tb = results.get(timeout=0.2)
             except queue.Empty:
                 for r, p in enumerate(procs):
-                    if r not in done and not p.is_alive() and p.exitcode not in (0, None):
-                        # Died without a word (killed, segfault): give its message a moment.
-                        time.sleep(0.5)
+                    if r not in done and not p.is_alive():
+                        # Gone without a result (killed, segfault, os._exit): give a message
+                        # still in flight a moment before calling it dead.
+                        time.sleep(1.0)
                         if results.empty():
-                            failure = (r, f"rank {r} exited with code {p.exitcode} before finishing", "")
+                            failure = (r, f"rank {r} exited with code {p.exitcode} without a result", "")
                         break
                 if deadline is not None and time.monotonic() > deadline:
                     missing = sorted(set(range(nproc)) - done)
@@ -139,7 +142,7 @@ def _spawn(fn: Callable[..., Any], args: tuple[Any, ...], nproc: int,
                                f"ranks {missing} still running", "")
                 continue
             if ok:
-                out[rank] = value
+                out[rank] = pickle.loads(value)
                 done.add(rank)
             else:
                 failure = (rank, value, tb)

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from dssync.errors import ScheduleError
+from dssync.errors import DssyncError, ScheduleError
 from dssync.flat import flatten_parameters
 from dssync.planner import static_plan
 from dssync.schedule import Schedule
@@ -55,6 +55,7 @@ class DSSyncStrategy(Strategy):
             )
         self.schedule: Schedule = schedule
         self._flat = flatten_parameters(self.model)
+        self._views = [(p, p.data_ptr()) for p in self.model.parameters()]
         self.swa_model = AveragedModel(
             self.model, multi_avg_fn=get_ema_multi_avg_fn(self.config.ema_decay), use_buffers=True
         )
@@ -76,6 +77,12 @@ class DSSyncStrategy(Strategy):
     @torch.no_grad()
     def average(self, step: int) -> bool:
         """Average parameters within this rank's group of iteration ``step``."""
+        if any(p.data_ptr() != ptr for p, ptr in self._views):
+            raise DssyncError(
+                f"rank {self.comm.rank}: model parameters were re-bound after ds-sync flattened "
+                "them (vector_to_parameters, load_state_dict(assign=True), p.data = ...); "
+                "copy into them in place (p.copy_(...)) instead"
+            )
         group = self.schedule.group_of(self.comm.rank, step)
         if len(group) == 1:
             return False

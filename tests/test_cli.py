@@ -1,0 +1,91 @@
+"""The ``dssync`` command line, run as a user runs it: a subprocess, exit codes, stderr."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dssync.schedule import Schedule
+from dssync.topology import Topology
+
+
+def dssync(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "dssync.cli", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+def assert_one_line_error(proc, *needles):
+    assert proc.returncode != 0
+    err = proc.stderr.strip()
+    assert "Traceback" not in proc.stderr
+    assert len(err.splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_plan_writes_a_schedule_that_loads(tmp_path):
+    topo = tmp_path / "topology.json"
+    Topology.from_rack_sizes([5, 3]).save(topo)
+    out = tmp_path / "schedule.json"
+    proc = dssync("plan", topo, "--out", out, "--print")
+    assert proc.returncode == 0, proc.stderr
+    assert "inter-rack group" in proc.stdout and "period 15" in proc.stdout
+    schedule = Schedule.load(out)
+    assert schedule.world_size == 8 and len(schedule.period) == 15
+    assert json.loads(out.read_text())["rho"] == pytest.approx(schedule.rho)
+
+
+@pytest.mark.parametrize(("content", "needle"), [
+    ("{oops", "not valid JSON"),
+    ('{"version": 1, "workers": [{"rank": 0, "rack": 0}, {"rank": 0, "rack": 0}]}', "duplicated ranks [0]"),
+    ('{"version": 1, "workers": [{"rank": 1, "rack": 0}]}', "missing ranks [0]"),
+    ('{"version": 7, "workers": []}', '"version": 7'),
+])
+def test_plan_rejects_malformed_topologies(tmp_path, content, needle):
+    topo = tmp_path / "topology.json"
+    topo.write_text(content)
+    out = tmp_path / "schedule.json"
+    assert_one_line_error(dssync("plan", topo, "--out", out), needle, str(topo))
+    assert not out.exists()  # nothing half-written
+
+
+def test_train_rejects_bad_input_before_starting_ranks(tmp_path):
+    assert_one_line_error(dssync("train", "--strategy", "nope", "--nproc", "2"),
+                          "unknown strategy 'nope'", "allreduce, ds-sync")
+    assert_one_line_error(dssync("train", "--strategy", "ds-sync", "--task", "imagenet", "--nproc", "2"),
+                          "unknown task 'imagenet'")
+    topo = tmp_path / "topology.json"
+    Topology.from_rack_sizes([2, 2]).save(topo)
+    assert_one_line_error(dssync("train", "--strategy", "ds-sync", "--topology", topo, "--nproc", "8"),
+                          "topology has 4 workers but the job has 8 ranks")
+    bad = tmp_path / "schedule.json"
+    bad.write_text(json.dumps({"version": 1, "world_size": 4, "period": [[[0, 1], [2, 3]]]}))
+    assert_one_line_error(dssync("train", "--strategy", "ds-sync", "--schedule", bad, "--nproc", "4"),
+                          "does not mix")
+    bad.write_text(json.dumps({"version": 1, "world_size": 4, "period": [[[0, 1, 2], [2, 3]]]}))
+    assert_one_line_error(dssync("train", "--strategy", "ds-sync", "--schedule", bad, "--nproc", "4"),
+                          "ranks in two groups [2]")
+    good = tmp_path / "good.json"
+    Schedule(world_size=4, period=(((0, 1, 2, 3),),)).save(good)
+    assert_one_line_error(dssync("train", "--strategy", "ds-sync", "--schedule", good, "--nproc", "2"),
+                          "schedule is for 4 ranks but the job has 2")
+    assert_one_line_error(dssync("train", "--strategy", "ds-sync", "--backend", "horovod", "--nproc", "2"),
+                          "--backend horovod")
+
+
+def test_train_writes_the_json_contract(tmp_path):
+    out = tmp_path / "run.json"
+    proc = dssync("train", "--strategy", "ds-sync", "--task", "digits", "--nproc", "4",
+                  "--steps", "120", "--json", out)
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(out.read_text())
+    for key in ("strategy", "task", "world_size", "steps", "final_accuracy", "best_accuracy",
+                "wall_s", "comm_ms_per_iter", "schedule_changes"):
+        assert key in record
+    assert record["world_size"] == 4 and record["steps"] == 120
+    assert record["final_accuracy"] > 0.85  # chance is 0.10
+    assert record["best_accuracy"] >= record["final_accuracy"]
+    assert len(record["comm_ms_samples"]) == 120 and record["comm_ms_per_iter"] > 0
+    change = record["schedule_changes"][0]
+    assert change["step"] == 0 and Schedule.from_dict(change["schedule"]).world_size == 4

@@ -1,0 +1,119 @@
+"""Strategy logic on the in-process fake world (threads, real reductions)."""
+
+import pytest
+import torch
+from torch import nn
+
+from dssync.collectives import FakeWorld
+from dssync.errors import CommunicationError, ScheduleError
+from dssync.planner import static_plan
+from dssync.schedule import Schedule
+from dssync.strategies import AllreduceStrategy, DSSyncStrategy, get_strategy
+from dssync.strategy import StrategyContext
+from dssync.topology import Topology
+
+
+def _seeded_linear(rank: int) -> nn.Linear:
+    torch.manual_seed(100 + rank)
+    return nn.Linear(3, 2, dtype=torch.float64)
+
+
+def test_ds_sync_round_averages_within_groups_only():
+    topo = Topology.from_rack_sizes([2, 2])
+    schedule = static_plan(topo)
+    initial = [torch.nn.utils.parameters_to_vector(_seeded_linear(r).parameters()) for r in range(4)]
+
+    def body(comm):
+        model = _seeded_linear(comm.rank)
+        strategy = DSSyncStrategy(StrategyContext(comm=comm, model=model, topology=topo))
+        comm.register_groups(schedule.distinct_groups())  # setup() would broadcast rank 0's init
+        strategy.after_step(0)
+        return torch.nn.utils.parameters_to_vector(model.parameters())
+
+    out = FakeWorld(4).run(body)
+    for group in schedule.partition_at(0):
+        expected = torch.stack([initial[r] for r in group]).mean(0)
+        for r in group:
+            torch.testing.assert_close(out[r], expected)
+
+
+def test_ds_sync_final_model_is_the_global_mean_of_ema_models():
+    topo = Topology.from_rack_sizes([2, 2])
+
+    def body(comm):
+        model = _seeded_linear(comm.rank)
+        strategy = DSSyncStrategy(StrategyContext(comm=comm, model=model, topology=topo))
+        strategy.swa_model.update_parameters(model)  # EMA starts at this rank's own init
+        final = strategy.final_model()
+        return final, torch.nn.utils.parameters_to_vector(model.parameters())
+
+    out = FakeWorld(4).run(body)
+    expected = torch.stack([v for _, v in out]).mean(0)
+    for final, _ in out:
+        torch.testing.assert_close(torch.nn.utils.parameters_to_vector(final.parameters()), expected)
+
+
+def test_allreduce_averages_gradients():
+    topo = Topology.from_rack_sizes([3])
+
+    def body(comm):
+        model = _seeded_linear(0)
+        strategy = AllreduceStrategy(StrategyContext(comm=comm, model=model, topology=topo))
+        for p in model.parameters():
+            p.grad = torch.full_like(p, float(comm.rank + 1))
+        strategy.before_step(0)
+        return [p.grad.clone() for p in model.parameters()]
+
+    for grads in FakeWorld(3).run(body):
+        for g in grads:
+            torch.testing.assert_close(g, torch.full_like(g, 2.0))  # mean of 1, 2, 3
+
+
+def test_ranks_with_different_schedules_are_stopped():
+    topo = Topology.from_rack_sizes([2, 2])
+    a = static_plan(topo)
+    b = Schedule(world_size=4, period=(((0, 1, 2, 3),),))
+
+    def body(comm):
+        schedule = a if comm.rank != 3 else b
+        strategy = DSSyncStrategy(StrategyContext(comm=comm, model=_seeded_linear(0), topology=topo,
+                                                  schedule=schedule))
+        strategy.setup()
+
+    with pytest.raises(ScheduleError, match="ranks hold different schedules"):
+        FakeWorld(4).run(body)
+
+
+def test_unregistered_group_is_an_error_not_a_hang():
+    def body(comm):
+        if comm.rank in (0, 1):
+            comm.allreduce_(torch.ones(2), (0, 1))
+
+    with pytest.raises(CommunicationError, match=r"group \[0, 1\] was never registered"):
+        FakeWorld(4).run(body)
+
+
+def test_missing_peer_times_out_naming_rank_and_group():
+    def body(comm):
+        comm.register_groups([(0, 1)])
+        if comm.rank == 0:
+            comm.allreduce_(torch.ones(2), (0, 1))  # rank 1 never joins
+
+    with pytest.raises(CommunicationError, match=r"rank 0: allreduce over group \[0, 1\].*ranks \[1\]"):
+        FakeWorld(2, timeout_s=0.5).run(body)
+
+
+def test_registry_lists_names_on_a_miss():
+    assert get_strategy("ds-sync") is DSSyncStrategy
+    with pytest.raises(ValueError, match="choose one of: allreduce, ds-sync"):
+        get_strategy("dssync")
+
+
+def test_schedule_for_another_world_size_is_rejected():
+    def body(comm):
+        DSSyncStrategy(StrategyContext(comm=comm, model=_seeded_linear(0),
+                                       topology=Topology.from_rack_sizes([1, 1]),
+                                       schedule=static_plan(Topology.from_rack_sizes([2, 2]))))
+
+    with pytest.raises(ScheduleError, match="schedule is for 4 ranks but this job has 2"):
+        FakeWorld(2).run(body)
