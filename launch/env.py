@@ -52,5 +52,10 @@ def from_environ(environ: Mapping[str, str] | None = None) -> LaunchEnv | None:
                     f"started by {launcher} (rank {rank} of {size}) but MASTER_ADDR/MASTER_PORT "
                     "are not set; export them to the address and a free port of rank 0's host"
                 )
+            if not env["MASTER_PORT"].isdigit() or not 0 < int(env["MASTER_PORT"]) < 65536:
+                raise DssyncError(
+                    f"MASTER_PORT={env['MASTER_PORT']!r} is not a port ranks can connect to; "
+                    "give the launcher a fixed port (or torchrun --standalone)"
+                )
             return LaunchEnv(rank, size, local, launcher, "env://")
     return None

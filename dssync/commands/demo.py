@@ -9,7 +9,6 @@ step for both.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from dssync._jsonfile import write_json
@@ -41,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     records = []
     for name in STRATEGIES:
         cfg = TrainConfig(strategy=name, task="digits", steps=args.steps, seed=args.seed,
-                          topology=topology, progress=sys.stderr.isatty() or True)
+                          topology=topology, progress=True)
         records.append(train(cfg, nproc=args.nproc))
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
