@@ -102,7 +102,8 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
             t0 = time.perf_counter()
             handed_back = strategy.final_model()  # collective for some strategies
             if rank == 0:
-                curve.append({"step": step + 1, "accuracy": task.accuracy(handed_back)})
+                curve.append({"step": step + 1, "wall_s": t0 - start - eval_s,
+                              "accuracy": task.accuracy(handed_back)})
             eval_s += time.perf_counter() - t0
         if progress is not None:
             progress[0].update(progress[1], advance=1)

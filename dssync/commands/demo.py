@@ -66,17 +66,20 @@ def plot_curves(records: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.0), dpi=110, sharey=True)
     for r in records:
-        steps = [c["step"] for c in r["curve"]]
         acc = [100 * c["accuracy"] for c in r["curve"]]
-        ax.plot(steps, acc, marker="o", markersize=3,
-                label=f"{r['strategy']} ({r['comm_ms_per_iter']:.2f} ms comm/iter)")
-    ax.set_xlabel("step")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title(f"{records[0]['task']}, {records[0]['world_size']} ranks")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+        label = f"{r['strategy']} ({r['comm_ms_per_iter']:.2f} ms comm/iter)"
+        axes[0].plot([c["step"] for c in r["curve"]], acc, marker="o", markersize=3, label=label)
+        axes[1].plot([c["wall_s"] for c in r["curve"]], acc, marker="o", markersize=3, label=label)
+    axes[0].set_xlabel("step")
+    axes[1].set_xlabel("training time (s, evaluation excluded)")
+    axes[0].set_ylabel("test accuracy (%)")
+    fig.suptitle(f"{records[0]['task']}, {records[0]['world_size']} ranks: the model each strategy "
+                 "hands back")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[1].legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
