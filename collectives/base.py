@@ -36,13 +36,18 @@ class Communicator(ABC):
     def register_groups(self, groups: Iterable[Sequence[int]]) -> None:
         """Create every listed group (collective: all ranks pass the same list)."""
 
-    @abstractmethod
-    def allreduce_(self, tensor: torch.Tensor, group: Group | None = None) -> None:
-        """Sum ``tensor`` over ``group`` in place."""
+    def allreduce_(self, tensor: torch.Tensor, group: Group | None = None, *, average: bool = False) -> None:
+        """Sum (or, with ``average``, average) ``tensor`` over ``group`` in place."""
+        self.allreduce_async_(tensor, group, average=average).wait()
 
     @abstractmethod
-    def allreduce_async_(self, tensor: torch.Tensor, group: Group | None = None) -> Work:
-        """Start an in-place sum over ``group``; ``wait()`` on the result."""
+    def allreduce_async_(self, tensor: torch.Tensor, group: Group | None = None, *,
+                         average: bool = False) -> Work:
+        """Start an in-place sum (or average) over ``group``; ``wait()`` on the result.
+
+        Backends with a native average (NCCL's ``AVG``) use it; the others sum and scale
+        by ``1 / len(group)`` inside ``wait()``.
+        """
 
     @abstractmethod
     def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> None:

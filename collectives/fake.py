@@ -113,14 +113,14 @@ class FakeCommunicator(Communicator):
             )
         self._registered.update(wanted)
 
-    def allreduce_(self, tensor: torch.Tensor, group: Group | None = None) -> None:
+    def allreduce_async_(self, tensor: torch.Tensor, group: Group | None = None, *,
+                         average: bool = False) -> Any:
         total = self._run("allreduce", group, tensor.detach().clone(), lambda xs: torch.stack(xs).sum(0))
         tensor.copy_(total)
+        if average:
+            tensor.mul_(1.0 / (self.world_size if group is None else len(group)))
 
-    def allreduce_async_(self, tensor: torch.Tensor, group: Group | None = None) -> Any:
-        self.allreduce_(tensor, group)  # completes eagerly; the handle is already done
-
-        class _Done:
+        class _Done:  # completes eagerly; the handle is already done
             def wait(self) -> None:
                 return None
 

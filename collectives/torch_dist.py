@@ -52,14 +52,19 @@ def _first_line(exc: BaseException) -> str:
 
 
 class _TorchWork:
-    def __init__(self, work: Any, describe: str, timeout_s: float) -> None:
+    def __init__(self, work: Any, describe: str, timeout_s: float,
+                 scale: tuple[torch.Tensor, float] | None = None) -> None:
         self._work, self._describe, self._timeout_s = work, describe, timeout_s
+        self._scale = scale
 
     def wait(self) -> None:
         try:
             self._work.wait(timeout=datetime.timedelta(seconds=self._timeout_s))
         except RuntimeError as exc:
             raise CommunicationError(f"{self._describe} failed: {_first_line(exc)}") from None
+        if self._scale is not None:
+            tensor, factor = self._scale
+            tensor.mul_(factor)
 
 
 class TorchCommunicator(Communicator):
@@ -116,17 +121,20 @@ class TorchCommunicator(Communicator):
         return f"rank {self.rank}: {op} over {where} (timeout {self.timeout_s:.0f} s)"
 
     # -- collectives -----------------------------------------------------------------------
-    def allreduce_(self, tensor: torch.Tensor, group: Group | None = None) -> None:
-        self.allreduce_async_(tensor, group).wait()
-
-    def allreduce_async_(self, tensor: torch.Tensor, group: Group | None = None) -> _TorchWork:
+    def allreduce_async_(self, tensor: torch.Tensor, group: Group | None = None, *,
+                         average: bool = False) -> _TorchWork:
         pg = self._process_group(group)
         describe = self._describe("allreduce", group)
+        size = self.world_size if group is None else len(group)
+        # NCCL averages natively; gloo has no AVG, so it sums and wait() scales.
+        native_avg = average and tensor.is_cuda
+        op = dist.ReduceOp.AVG if native_avg else dist.ReduceOp.SUM
         try:
-            work = dist.all_reduce(tensor, group=pg, async_op=True)
+            work = dist.all_reduce(tensor, op=op, group=pg, async_op=True)
         except RuntimeError as exc:
             raise CommunicationError(f"{describe} failed: {_first_line(exc)}") from None
-        return _TorchWork(work, describe, self.timeout_s)
+        scale = (tensor, 1.0 / size) if average and not native_avg else None
+        return _TorchWork(work, describe, self.timeout_s, scale)
 
     def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> None:
         try:

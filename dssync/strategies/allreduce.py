@@ -29,8 +29,7 @@ class AllreduceStrategy(Strategy):
             self._flat = torch.empty(sum(g.numel() for g in grads), dtype=grads[0].dtype,
                                      device=grads[0].device)
         torch.cat([g.reshape(-1) for g in grads], out=self._flat)
-        self.comm.allreduce_(self._flat)
-        self._flat.mul_(1.0 / self.comm.world_size)
+        self.comm.allreduce_(self._flat, average=True)
         offset = 0
         for p, g in zip(self._params, grads, strict=True):
             n = g.numel()

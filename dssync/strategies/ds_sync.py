@@ -87,12 +87,10 @@ class DSSyncStrategy(Strategy):
         if len(group) == 1:
             return False
         if len(self._flat) == 1:
-            self.comm.allreduce_(self._flat[0], group)
+            self.comm.allreduce_(self._flat[0], group, average=True)
         else:  # one buffer per dtype: start all, then wait, so they overlap
-            for work in [self.comm.allreduce_async_(f, group) for f in self._flat]:
+            for work in [self.comm.allreduce_async_(f, group, average=True) for f in self._flat]:
                 work.wait()
-        for flat in self._flat:
-            flat.mul_(1.0 / len(group))
         return True
 
     def _after_step(self, step: int) -> bool:
@@ -109,8 +107,7 @@ class DSSyncStrategy(Strategy):
         tensors = [p.data for p in ensemble.parameters()]
         tensors += [b for b in ensemble.buffers() if b.is_floating_point()]
         flat = torch.cat([t.reshape(-1) for t in tensors])
-        self.comm.allreduce_(flat)
-        flat.mul_(1.0 / self.comm.world_size)
+        self.comm.allreduce_(flat, average=True)
         offset = 0
         for t in tensors:
             t.copy_(flat[offset : offset + t.numel()].view_as(t))

@@ -14,8 +14,13 @@ from dssync.topology import Topology
 
 
 def _seeded_linear(rank: int) -> nn.Linear:
-    torch.manual_seed(100 + rank)
-    return nn.Linear(3, 2, dtype=torch.float64)
+    # A private generator: ranks are threads here, and the global RNG is shared by them.
+    gen = torch.Generator().manual_seed(100 + rank)
+    model = nn.Linear(3, 2, dtype=torch.float64)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    return model
 
 
 def test_ds_sync_round_averages_within_groups_only():
