@@ -1,0 +1,111 @@
+"""``dssync emulate``: an emulated multi-rack cluster on this machine (needs root)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from dssync.commands._common import parse_rack_sizes
+
+__all__ = ["add_parser"]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("emulate", help="an emulated multi-rack network of namespaces and tc",
+                       description="Build, load, use and remove an emulated multi-rack cluster: a "
+                       "network namespace per worker, rack bridges, shaped uplinks to a spine.")
+    esub = p.add_subparsers(dest="emulate", required=True, metavar="ACTION")
+
+    u = esub.add_parser("up", help="build the cluster")
+    layout = u.add_mutually_exclusive_group(required=True)
+    from dssync.launch.emulate import SCENARIOS
+
+    layout.add_argument("--scenario", choices=sorted(SCENARIOS))
+    layout.add_argument("--rack-sizes", type=parse_rack_sizes, metavar="A,B,...")
+    layout.add_argument("--racks", type=int, metavar="R", help="with --workers-per-rack")
+    u.add_argument("--workers-per-rack", type=int, metavar="W")
+    u.add_argument("--nic", default=None, help="worker NIC rate, both directions (default 1gbit)")
+    u.add_argument("--uplink", default=None, help="rack uplink rate, both directions (default 1gbit)")
+    u.add_argument("--latency", default=None,
+                   help="added per-link delay; needs the kernel's sch_netem (see README)")
+    u.set_defaults(run=_up)
+
+    c = esub.add_parser("contend", help="lower a rate or start background flows")
+    c.add_argument("--rack", type=int)
+    c.add_argument("--uplink", metavar="RATE", help="new uplink rate of --rack")
+    c.add_argument("--rank", type=int)
+    c.add_argument("--nic", metavar="RATE", help="new NIC rate of --rank")
+    c.add_argument("--flows", nargs="+", default=[], metavar="FLOW",
+                   help="background iperf3 flows: rack:I (across rack I's uplink), rank:I "
+                   "(through worker I's NIC and its rack's uplink)")
+    c.add_argument("--clear", action="store_true", help="stop all flows, restore all rates first")
+    c.set_defaults(run=_contend)
+
+    r = esub.add_parser("run", help="run a command once per worker, in its namespace")
+    r.add_argument("--timeout", type=float, default=3600.0, help="kill every copy after this (s)")
+    r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    r.set_defaults(run=_run)
+
+    d = esub.add_parser("down", help="remove every namespace, flow and qdisc of the cluster")
+    d.set_defaults(run=_down)
+
+    for action in (u, c, r, d):
+        action.add_argument("--name", default="dss", help="cluster name (namespace prefix)")
+
+
+def _up(args: argparse.Namespace) -> int:
+    from dssync.launch import emulate
+
+    if args.latency is not None:
+        raise ValueError("--latency needs the sch_netem qdisc, which this dssync does not use yet; "
+                         "leave it out (racks differ by their shaped uplinks)")
+    flows = []
+    if args.scenario:
+        spec = emulate.SCENARIOS[args.scenario]
+        sizes, flows = spec["rack_sizes"], spec["flows"]
+        nic, uplink = args.nic or spec["nic"], args.uplink or spec["uplink"]
+    else:
+        if args.racks is not None:
+            if not args.workers_per_rack or args.racks < 1 or args.workers_per_rack < 1:
+                raise ValueError("--racks needs a positive --workers-per-rack")
+            sizes = [args.workers_per_rack] * args.racks
+        else:
+            sizes = args.rack_sizes
+        nic, uplink = args.nic or "1gbit", args.uplink or "1gbit"
+    emulate.parse_rate(nic), emulate.parse_rate(uplink)  # fail on a bad rate before building
+    cluster = emulate.up(sizes, nic=nic, uplink=uplink, name=args.name)
+    if flows:
+        emulate.contend(name=args.name, flows=flows)
+    print(f"emulated cluster {args.name!r} up: racks {sizes}, NIC {nic}, uplink {uplink}"
+          + (f", background flows {[f'{k}:{i}' for k, i in flows]}" if flows else "")
+          + f"; workers {cluster.worker_addr(0)}..{cluster.worker_addr(cluster.world_size - 1)}")
+    return 0
+
+
+def _contend(args: argparse.Namespace) -> int:
+    from dssync.launch import emulate
+
+    flows = [emulate.parse_flow(f) for f in args.flows]
+    if not (args.clear or args.uplink or args.nic or flows):
+        raise ValueError("say what to change: --rack I --uplink RATE, --rank I --nic RATE, "
+                         "--flows rack:I|rank:I, or --clear")
+    c = emulate.contend(name=args.name, rack=args.rack, uplink=args.uplink, rank=args.rank,
+                        nic=args.nic, flows=flows, clear=args.clear)
+    print(f"contention on {args.name!r}: uplinks {c.uplink_override or 'nominal'}, "
+          f"NICs {c.nic_override or 'nominal'}, flows {[f['kind'] + ':' + str(f['index']) for f in c.flows]}")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from dssync.launch import emulate
+
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    return emulate.run(cmd, name=args.name, timeout_s=args.timeout, out=sys.stdout)
+
+
+def _down(args: argparse.Namespace) -> int:
+    from dssync.launch import emulate
+
+    removed = emulate.down(args.name)
+    print(f"removed {len(removed)} namespaces of {args.name!r}")
+    return 0

@@ -1,0 +1,463 @@
+"""An emulated multi-rack cluster on one Linux machine, with real namespaces and ``tc``.
+
+Layout (DESIGN section 6)::
+
+    worker ns  <name>-w<i>   eth0 (10.77.0.<i+1>) --veth-- w<i>  ┐
+    background <name>-bg<r>  eth0 (10.77.1.<r+1>) --veth-- b<r>  ├ br<r> (rack bridge)
+                                                                 │   │ up<r> --veth-- s<r>
+    sink ns    <name>-sink   eth0 (10.77.2.1)     --veth-- k0 ─┐ │   │
+                                                  br-spine  <──┴─┴───┘   (all in <name>-fab)
+
+Every device lives inside a namespace this module creates (the bridges and uplinks in
+``<name>-fab``), so deleting the namespaces removes every veth, bridge and qdisc, and the
+host's own network is never touched. ``tbf`` shapes each worker NIC in both directions
+(egress of ``eth0`` in the worker, egress of ``w<i>`` towards it) and each rack uplink in
+both directions (``up<r>`` rack to spine, ``s<r>`` spine to rack). Contention is a rate
+change or real background ``iperf3`` flows from the rack's background namespace, or from a
+worker's own namespace (sharing its NIC), to servers in the sink namespace.
+
+State lives in ``$DSSYNC_STATE_DIR/<name>.json`` (default ``/run/dssync``) so ``down``
+finds everything after a crash; it also sweeps any namespace with the cluster's prefix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from dssync.errors import DssyncError
+
+__all__ = [
+    "SCENARIOS",
+    "Cluster",
+    "EmulationError",
+    "check_support",
+    "cluster",
+    "contend",
+    "down",
+    "format_rate",
+    "leftovers",
+    "load_state",
+    "parse_rate",
+    "run",
+    "up",
+]
+
+DEFAULT_NAME = "dss"
+SUBNET = "10.77"
+MASTER_PORT = 29500
+IPERF_BASE_PORT = 5201
+#: TCP streams per background flow: against one job flow, TCP's per-stream fairness leaves
+#: the job about 1/(1 + FLOW_STREAMS) of the contended link, a clear bottleneck.
+FLOW_STREAMS = 4
+
+
+class EmulationError(DssyncError):
+    """The emulated network could not be built, changed or used."""
+
+
+# -- rates --------------------------------------------------------------------------------
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(bit|bps|b)?(?:/s)?\s*$", re.IGNORECASE)
+_SCALE = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def parse_rate(text: str) -> int:
+    """``"1gbit"``, ``"500mbit"``, ``"1G"``, ``"300M"`` -> bits per second."""
+    m = _RATE.match(str(text))
+    if not m:
+        raise ValueError(f"cannot read rate {text!r}; write it like 1gbit, 500mbit or 300M (bits/s)")
+    value = float(m.group(1)) * _SCALE[m.group(2).lower()]
+    if value < 8e3:
+        raise ValueError(f"rate {text!r} is below 8 kbit/s; tc cannot shape that slowly")
+    return int(value)
+
+
+def format_rate(bits_per_s: int) -> str:
+    return f"{bits_per_s // 1000}kbit"
+
+
+# -- the cluster description -----------------------------------------------------------------
+@dataclass
+class Cluster:
+    name: str
+    rack_sizes: list[int]
+    nic_bps: int
+    uplink_bps: int
+    nic_override: dict[int, int] = field(default_factory=dict)  # rank -> bits/s
+    uplink_override: dict[int, int] = field(default_factory=dict)  # rack -> bits/s
+    flows: list[dict] = field(default_factory=list)  # {"kind", "index", "port", "pid"}
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.rack_sizes)
+
+    @property
+    def fabric(self) -> str:
+        return f"{self.name}-fab"
+
+    def worker_ns(self, rank: int) -> str:
+        return f"{self.name}-w{rank}"
+
+    def bg_ns(self, rack: int) -> str:
+        return f"{self.name}-bg{rack}"
+
+    @property
+    def sink_ns(self) -> str:
+        return f"{self.name}-sink"
+
+    def rack_of(self, rank: int) -> int:
+        bound = 0
+        for rack, size in enumerate(self.rack_sizes):
+            bound += size
+            if rank < bound:
+                return rack
+        raise ValueError(f"rank {rank} is outside the {self.world_size} emulated workers")
+
+    @staticmethod
+    def worker_addr(rank: int) -> str:
+        return f"{SUBNET}.{rank // 250}.{rank % 250 + 1}" if rank >= 250 else f"{SUBNET}.0.{rank + 1}"
+
+    @staticmethod
+    def bg_addr(rack: int) -> str:
+        return f"{SUBNET}.1.{rack + 1}"
+
+    SINK_ADDR = f"{SUBNET}.2.1"
+
+    def namespaces(self) -> list[str]:
+        return ([self.fabric, self.sink_ns] + [self.worker_ns(r) for r in range(self.world_size)]
+                + [self.bg_ns(r) for r in range(len(self.rack_sizes))])
+
+
+SCENARIOS: dict[str, dict] = {
+    # DESIGN section 6, mirroring the paper's section V-A.5 on one machine.
+    "static": {"rack_sizes": [4, 4], "nic": "1gbit", "uplink": "1gbit", "flows": []},
+    "inter-rack": {"rack_sizes": [4, 4], "nic": "1gbit", "uplink": "1gbit", "flows": [("rack", 0)]},
+    "inter-rack+nic": {"rack_sizes": [5, 3], "nic": "1gbit", "uplink": "1gbit", "flows": [("rank", 4)]},
+}
+
+
+# -- plumbing --------------------------------------------------------------------------------
+def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise EmulationError(f"`{' '.join(argv)}` failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc
+
+
+def _ip(ns: str, *args: str) -> None:
+    _sh("ip", "-n", ns, *args)
+
+
+def _tc(ns: str, *args: str) -> None:
+    _sh("ip", "netns", "exec", ns, "tc", *args)
+
+
+def check_support() -> None:
+    """Raise ``EmulationError`` with what to do when namespaces cannot be made here."""
+    if sys.platform != "linux":
+        raise EmulationError("the emulated cluster needs Linux network namespaces")
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            raise EmulationError(f"`{tool}` is missing; install iproute2 (apt-get install iproute2)")
+    if os.geteuid() != 0:
+        raise EmulationError(
+            "the emulated cluster creates network namespaces and needs root (CAP_NET_ADMIN); "
+            "run it as root or with sudo"
+        )
+    probe = f"dss-check-{os.getpid()}"
+    result = _sh("ip", "netns", "add", probe, check=False)
+    if result.returncode != 0:
+        raise EmulationError(f"this kernel or container cannot create network namespaces: "
+                             f"{result.stderr.strip()}")
+    _sh("ip", "netns", "del", probe, check=False)
+
+
+def _state_dir() -> Path:
+    return Path(os.environ.get("DSSYNC_STATE_DIR", "/run/dssync"))
+
+
+def _state_path(name: str) -> Path:
+    return _state_dir() / f"{name}.json"
+
+
+def _save(cluster: Cluster) -> None:
+    path = _state_path(cluster.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(cluster), indent=1))
+    os.replace(tmp, path)
+
+
+def load_state(name: str = DEFAULT_NAME) -> Cluster:
+    path = _state_path(name)
+    if not path.exists():
+        raise EmulationError(f"no emulated cluster {name!r} is up; start one with `dssync emulate up`")
+    data = json.loads(path.read_text())
+    data["nic_override"] = {int(k): v for k, v in data.get("nic_override", {}).items()}
+    data["uplink_override"] = {int(k): v for k, v in data.get("uplink_override", {}).items()}
+    return Cluster(**data)
+
+
+def _existing(prefix: str) -> list[str]:
+    out = _sh("ip", "netns", "list", check=False).stdout
+    names = [line.split()[0] for line in out.splitlines() if line.strip()]
+    return [n for n in names if n.startswith(prefix + "-")]
+
+
+# -- shaping ---------------------------------------------------------------------------------
+def _shape(ns: str, dev: str, bits_per_s: int) -> None:
+    """``tbf`` on ``dev``'s egress; burst covers a 64 KiB GSO segment and about 2 ms."""
+    burst = max(65536 + 1514, bits_per_s // 8 // 500)
+    _tc(ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", format_rate(bits_per_s),
+        "burst", str(burst), "latency", "50ms")
+
+
+def _shape_nic(c: Cluster, rank: int) -> None:
+    rate = c.nic_override.get(rank, c.nic_bps)
+    _shape(c.worker_ns(rank), "eth0", rate)  # worker -> rack
+    _shape(c.fabric, f"w{rank}", rate)  # rack -> worker
+
+
+def _shape_uplink(c: Cluster, rack: int) -> None:
+    rate = c.uplink_override.get(rack, c.uplink_bps)
+    _shape(c.fabric, f"up{rack}", rate)  # rack -> spine
+    _shape(c.fabric, f"s{rack}", rate)  # spine -> rack
+
+
+# -- up / down -------------------------------------------------------------------------------
+def up(rack_sizes: Sequence[int], *, nic: str = "1gbit", uplink: str = "1gbit",
+       name: str = DEFAULT_NAME) -> Cluster:
+    """Build the cluster; on any failure remove what was built and raise."""
+    check_support()
+    if not rack_sizes or min(rack_sizes) < 1:
+        raise ValueError(f"rack sizes must be positive, got {list(rack_sizes)}")
+    if sum(rack_sizes) > 250:
+        raise ValueError(f"at most 250 emulated workers, asked for {sum(rack_sizes)}")
+    if _state_path(name).exists() or _existing(name):
+        raise EmulationError(f"emulated cluster {name!r} is already up; `dssync emulate down` first")
+    c = Cluster(name=name, rack_sizes=list(rack_sizes), nic_bps=parse_rate(nic),
+                uplink_bps=parse_rate(uplink))
+    _save(c)  # first, so that a crash part-way is still cleaned by `down`
+    try:
+        _build(c)
+    except BaseException:
+        down(name)
+        raise
+    return c
+
+
+def _attach(c: Cluster, ns: str, fabric_dev: str, bridge: str, addr: str) -> None:
+    _sh("ip", "netns", "add", ns)
+    _ip(c.fabric, "link", "add", fabric_dev, "type", "veth", "peer", "name", "eth0", "netns", ns)
+    _ip(c.fabric, "link", "set", fabric_dev, "master", bridge, "up")
+    _ip(ns, "addr", "add", f"{addr}/16", "dev", "eth0")
+    _ip(ns, "link", "set", "eth0", "up")
+    _ip(ns, "link", "set", "lo", "up")
+
+
+def _build(c: Cluster) -> None:
+    _sh("ip", "netns", "add", c.fabric)
+    _ip(c.fabric, "link", "set", "lo", "up")
+    _ip(c.fabric, "link", "add", "br-spine", "type", "bridge")
+    _ip(c.fabric, "link", "set", "br-spine", "up")
+    rank = 0
+    for rack, size in enumerate(c.rack_sizes):
+        bridge = f"br{rack}"
+        _ip(c.fabric, "link", "add", bridge, "type", "bridge")
+        _ip(c.fabric, "link", "set", bridge, "up")
+        _ip(c.fabric, "link", "add", f"up{rack}", "type", "veth", "peer", "name", f"s{rack}")
+        _ip(c.fabric, "link", "set", f"up{rack}", "master", bridge, "up")
+        _ip(c.fabric, "link", "set", f"s{rack}", "master", "br-spine", "up")
+        _shape_uplink(c, rack)
+        for _ in range(size):
+            _attach(c, c.worker_ns(rank), f"w{rank}", bridge, c.worker_addr(rank))
+            _shape_nic(c, rank)
+            rank += 1
+        _attach(c, c.bg_ns(rack), f"b{rack}", bridge, c.bg_addr(rack))
+    _attach(c, c.sink_ns, "k0", "br-spine", c.SINK_ADDR)
+
+
+def down(name: str = DEFAULT_NAME) -> list[str]:
+    """Stop background flows and delete every namespace of the cluster; return their names."""
+    state = _state_path(name)
+    names = set(_existing(name))
+    if state.exists():
+        try:
+            c = load_state(name)
+            names.update(n for n in c.namespaces() if n in _existing(name))
+        except (EmulationError, ValueError, TypeError, json.JSONDecodeError):
+            pass  # a torn state file: the namespace sweep below still finds everything
+    for ns in sorted(names):
+        pids = _sh("ip", "netns", "pids", ns, check=False).stdout.split()
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(
+            _sh("ip", "netns", "pids", ns, check=False).stdout.strip() for ns in names):
+        time.sleep(0.05)  # killed processes still hold their namespace until reaped
+    for ns in sorted(names):
+        _sh("ip", "netns", "del", ns, check=False)
+    state.unlink(missing_ok=True)
+    return sorted(names)
+
+
+@contextlib.contextmanager
+def cluster(rack_sizes: Sequence[int], **kwargs) -> Iterator[Cluster]:
+    """``up`` for the duration of a ``with`` block; ``down`` however the block ends."""
+    c = up(rack_sizes, **kwargs)
+    try:
+        yield c
+    finally:
+        down(c.name)
+
+
+def leftovers(name: str = DEFAULT_NAME) -> list[str]:
+    """Namespaces of cluster ``name`` still present (empty after ``down``)."""
+    return _existing(name)
+
+
+# -- contention ------------------------------------------------------------------------------
+def contend(*, name: str = DEFAULT_NAME, rack: int | None = None, uplink: str | None = None,
+            rank: int | None = None, nic: str | None = None,
+            flows: Sequence[tuple[str, int]] = (), clear: bool = False) -> Cluster:
+    """Lower an uplink or NIC rate, start background flows, or ``clear`` all of it."""
+    c = load_state(name)
+    if clear:
+        for flow in c.flows:
+            _kill_flow(flow)
+        c.flows, c.nic_override, c.uplink_override = [], {}, {}
+        for r in range(len(c.rack_sizes)):
+            _shape_uplink(c, r)
+        for i in range(c.world_size):
+            _shape_nic(c, i)
+    if uplink is not None:
+        if rack is None or not 0 <= rack < len(c.rack_sizes):
+            raise ValueError(f"--uplink needs --rack in 0..{len(c.rack_sizes) - 1}, got {rack}")
+        c.uplink_override[rack] = parse_rate(uplink)
+        _shape_uplink(c, rack)
+    if nic is not None:
+        if rank is None or not 0 <= rank < c.world_size:
+            raise ValueError(f"--nic needs --rank in 0..{c.world_size - 1}, got {rank}")
+        c.nic_override[rank] = parse_rate(nic)
+        _shape_nic(c, rank)
+    for kind, index in flows:
+        c.flows.append(_start_flow(c, kind, index))
+    _save(c)
+    return c
+
+
+def parse_flow(text: str) -> tuple[str, int]:
+    """``rack:0`` (across rack 0's uplink) or ``rank:4`` (through worker 4's NIC)."""
+    m = re.fullmatch(r"(rack|rank):(\d+)", text.strip())
+    if not m:
+        raise ValueError(f"cannot read flow {text!r}; write rack:I (across rack I's uplink) "
+                         "or rank:I (through worker I's NIC and its rack's uplink)")
+    return m.group(1), int(m.group(2))
+
+
+def _start_flow(c: Cluster, kind: str, index: int) -> dict:
+    if shutil.which("iperf3") is None:
+        raise EmulationError("background flows need iperf3; install it (apt-get install iperf3)")
+    if kind == "rack" and not 0 <= index < len(c.rack_sizes):
+        raise ValueError(f"flow rack:{index}: racks are 0..{len(c.rack_sizes) - 1}")
+    if kind == "rank" and not 0 <= index < c.world_size:
+        raise ValueError(f"flow rank:{index}: ranks are 0..{c.world_size - 1}")
+    port = IPERF_BASE_PORT + len(c.flows)
+    server = subprocess.Popen(["ip", "netns", "exec", c.sink_ns, "iperf3", "-s", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    source_ns = c.bg_ns(index) if kind == "rack" else c.worker_ns(index)
+    deadline = time.monotonic() + 10
+    while True:  # the server needs a moment to listen
+        client = subprocess.Popen(
+            ["ip", "netns", "exec", source_ns, "iperf3", "-c", c.SINK_ADDR, "-p", str(port),
+             "-t", "86400", "--bidir", "-P", str(FLOW_STREAMS), "-i", "0"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        time.sleep(0.5)
+        if client.poll() is None:
+            break
+        if time.monotonic() > deadline:
+            server.kill()
+            raise EmulationError(f"background flow {kind}:{index} did not start: "
+                                 f"{client.stderr.read().decode().strip()}")
+    return {"kind": kind, "index": index, "port": port, "pids": [server.pid, client.pid]}
+
+
+def _kill_flow(flow: dict) -> None:
+    for pid in flow.get("pids", []):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+# -- run -------------------------------------------------------------------------------------
+def run(command: Sequence[str], *, name: str = DEFAULT_NAME, timeout_s: float | None = None,
+        out=None) -> int:
+    """Run ``command`` once per worker in its namespace; stream ``[w<i>]``-prefixed output.
+
+    Each copy gets RANK, WORLD_SIZE, LOCAL_RANK (0: one worker per emulated host),
+    MASTER_ADDR (worker 0), MASTER_PORT, GLOO_SOCKET_IFNAME=eth0 and DSSYNC_HOST. Returns
+    the worst exit code (a signal counts as 128 + its number); past ``timeout_s`` every copy
+    is killed and the result is 124.
+    """
+    if not command:
+        raise ValueError("nothing to run: give the command after `--`")
+    c = load_state(name)
+    out = out or sys.stdout
+    lock = threading.Lock()
+    procs = []
+    for rank in range(c.world_size):
+        env = {"RANK": str(rank), "WORLD_SIZE": str(c.world_size), "LOCAL_RANK": "0",
+               "MASTER_ADDR": c.worker_addr(0), "MASTER_PORT": str(MASTER_PORT),
+               "GLOO_SOCKET_IFNAME": "eth0", "DSSYNC_HOST": f"w{rank}"}
+        argv = ["ip", "netns", "exec", c.worker_ns(rank), "env",
+                *(f"{k}={v}" for k, v in env.items()), *command]
+        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, bufsize=1, start_new_session=True))
+
+    def pump(rank: int, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            with lock:
+                out.write(f"[w{rank}] {line}")
+                out.flush()
+
+    threads = [threading.Thread(target=pump, args=(r, p), daemon=True) for r, p in enumerate(procs)]
+    for t in threads:
+        t.start()
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    timed_out = False
+    try:
+        while any(p.poll() is None for p in procs):
+            if deadline is not None and time.monotonic() > deadline:
+                timed_out = True
+                break
+            time.sleep(0.1)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+        for t in threads:
+            t.join(timeout=5)
+    if timed_out:
+        return 124
+    codes = [p.returncode if p.returncode >= 0 else 128 - p.returncode for p in procs]
+    return max(codes)

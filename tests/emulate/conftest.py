@@ -1,0 +1,24 @@
+import os
+
+import pytest
+
+from dssync.launch import emulate
+
+
+@pytest.fixture(scope="session")
+def netns_support():
+    try:
+        emulate.check_support()
+    except emulate.EmulationError as exc:
+        pytest.skip(f"network namespaces are impossible here: {exc}")
+
+
+@pytest.fixture
+def name(netns_support, tmp_path, monkeypatch):
+    """A cluster name of this test alone; whatever the test does, nothing of it is left."""
+    monkeypatch.setenv("DSSYNC_STATE_DIR", str(tmp_path / "state"))
+    cluster_name = f"dst{os.getpid() % 10000}"
+    emulate.down(cluster_name)
+    yield cluster_name
+    emulate.down(cluster_name)
+    assert emulate.leftovers(cluster_name) == []

@@ -1,0 +1,96 @@
+"""Real emulated networks: namespaces, bridges, veths and tbf, measured with iperf3."""
+
+import io
+import json
+import subprocess
+
+import pytest
+
+from dssync.launch import emulate
+
+pytestmark = pytest.mark.emulate
+
+
+def iperf_mbps(c, src: int, dst: int, seconds: float = 2.0) -> float:
+    server = subprocess.Popen(["ip", "netns", "exec", c.worker_ns(dst), "iperf3", "-s", "-1", "-p", "5399"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(50):
+            proc = subprocess.run(["ip", "netns", "exec", c.worker_ns(src), "iperf3", "-c",
+                                   c.worker_addr(dst), "-p", "5399", "-t", str(seconds), "-J"],
+                                  capture_output=True, text=True, timeout=60)
+            if proc.returncode == 0:
+                return json.loads(proc.stdout)["end"]["sum_received"]["bits_per_second"] / 1e6
+            subprocess.run(["sleep", "0.1"])
+        raise AssertionError(proc.stdout[-500:])
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_run_sets_the_launcher_environment_and_returns_the_worst_exit_code(name):
+    with emulate.cluster([2, 1], nic="200mbit", uplink="200mbit", name=name) as c:
+        out = io.StringIO()
+        code = emulate.run(["sh", "-c", 'echo "$RANK $WORLD_SIZE $MASTER_ADDR $GLOO_SOCKET_IFNAME '
+                            '$(ip -o -4 addr show eth0 | cut -d" " -f7)"; exit $RANK'], name=name, out=out)
+        assert code == 2  # ranks exit 0, 1, 2
+        lines = sorted(out.getvalue().splitlines())
+        assert lines == [f"[w{r}] {r} 3 10.77.0.1 eth0 {c.worker_addr(r)}/16" for r in range(3)]
+
+
+def test_nics_and_uplinks_are_shaped_and_contention_is_real(name):
+    with emulate.cluster([2, 2], nic="200mbit", uplink="200mbit", name=name) as c:
+        intra, cross = iperf_mbps(c, 0, 1), iperf_mbps(c, 0, 2)
+        assert 150 < intra < 215 and 150 < cross < 215  # tbf at 200 Mbit/s
+        emulate.contend(name=name, rack=0, uplink="50mbit")
+        assert 35 < iperf_mbps(c, 0, 2) < 55  # across the lowered uplink
+        assert 150 < iperf_mbps(c, 0, 1) < 215  # inside the rack: untouched
+        emulate.contend(name=name, clear=True, flows=[("rank", 1)])
+        shared = iperf_mbps(c, 1, 0)  # worker 1's NIC now carries a background flow
+        assert shared < 0.6 * intra
+        emulate.contend(name=name, clear=True)
+        assert 150 < iperf_mbps(c, 1, 0) < 215
+
+
+def test_up_twice_is_an_error_and_leaves_the_first_intact(name):
+    with emulate.cluster([1, 1], name=name) as c:
+        with pytest.raises(emulate.EmulationError, match="already up"):
+            emulate.up([1, 1], name=name)
+        assert sorted(emulate.leftovers(name)) == sorted(c.namespaces())
+
+
+def test_a_failure_while_building_leaves_nothing(name, monkeypatch):
+    calls = []
+    real = emulate._attach
+
+    def flaky(*args):
+        calls.append(args)
+        if len(calls) == 3:
+            raise emulate.EmulationError("injected failure")
+        return real(*args)
+
+    monkeypatch.setattr(emulate, "_attach", flaky)
+    with pytest.raises(emulate.EmulationError, match="injected"):
+        emulate.up([2, 2], name=name)
+    assert emulate.leftovers(name) == []
+
+
+def test_a_test_that_fails_midway_leaves_nothing(name):
+    with pytest.raises(RuntimeError, match="midway"), emulate.cluster([2, 2], name=name):
+        emulate.contend(name=name, flows=[("rack", 0)])
+        raise RuntimeError("the test failed midway")
+    assert emulate.leftovers(name) == []
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert f"{name}-" not in ps  # no background flow outlives the cluster
+
+
+@pytest.mark.parametrize(("text", "bps"), [("1gbit", 10**9), ("500mbit", 5 * 10**8), ("300M", 3 * 10**8),
+                                            ("1.5G", 15 * 10**8), ("64kbit", 64000)])
+def test_parse_rate(text, bps):
+    assert emulate.parse_rate(text) == bps
+
+
+@pytest.mark.parametrize("text", ["fast", "1 gigabit", "-3M", "1kbit"])
+def test_bad_rates(text):
+    with pytest.raises(ValueError, match="rate"):
+        emulate.parse_rate(text)
