@@ -425,6 +425,8 @@ def run(command: Sequence[str], *, name: str = DEFAULT_NAME, timeout_s: float | 
         env = {"RANK": str(rank), "WORLD_SIZE": str(c.world_size), "LOCAL_RANK": "0",
                "MASTER_ADDR": c.worker_addr(0), "MASTER_PORT": str(MASTER_PORT),
                "GLOO_SOCKET_IFNAME": "eth0", "DSSYNC_HOST": f"w{rank}"}
+        # The namespaces have no resolver; c10d would warn about it on every connection.
+        env.setdefault("TORCH_CPP_LOG_LEVEL", os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"))
         argv = ["ip", "netns", "exec", c.worker_ns(rank), "env",
                 *(f"{k}={v}" for k, v in env.items()), *command]
         procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

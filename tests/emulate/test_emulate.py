@@ -94,3 +94,20 @@ def test_parse_rate(text, bps):
 def test_bad_rates(text):
     with pytest.raises(ValueError, match="rate"):
         emulate.parse_rate(text)
+
+
+def test_training_runs_across_the_emulated_racks(name, tmp_path):
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "run.json"
+    dssync = str(Path(sys.executable).with_name("dssync"))
+    with emulate.cluster([2, 2], nic="500mbit", uplink="500mbit", name=name):
+        log = io.StringIO()
+        code = emulate.run([dssync, "train", "--strategy", "ds-sync", "--steps", "40",
+                            "--no-progress", "--timeout", "60", "--json", str(out)],
+                           name=name, timeout_s=240, out=log)
+        assert code == 0, log.getvalue()[-2000:]
+    record = json.loads(out.read_text())
+    assert record["world_size"] == 4 and len(record["comm_ms_samples"]) == 40
+    assert log.getvalue().count('"strategy"') == 1  # rank 0 alone reports
