@@ -1,0 +1,83 @@
+"""Rank functions for the multi-process tests (module level, so spawned ranks import them)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+from torch import nn
+
+from dssync.planner import static_plan
+from dssync.strategies import AllreduceStrategy, DSSyncStrategy
+from dssync.strategy import StrategyContext
+from dssync.topology import Topology
+
+
+def seeded_vector(rank: int, numel: int) -> torch.Tensor:
+    """The tensor rank ``rank`` starts from; the parent recomputes it for the oracle."""
+    return torch.randn(numel, generator=torch.Generator().manual_seed(7919 * (rank + 1)),
+                       dtype=torch.float64)
+
+
+def group_averaging(comm, layouts: list[list[int]], numel: int, num_periods: int):
+    """For each rack layout: set seeded parameters, run ``num_periods`` periods of DS-Sync
+    averaging (no gradient), return the parameters after every step."""
+    out = {}
+    for sizes in layouts:
+        topo = Topology.from_rack_sizes(sizes)
+        model = nn.Linear(numel - 1, 1, dtype=torch.float64)
+        strategy = DSSyncStrategy(StrategyContext(comm=comm, model=model, topology=topo))
+        strategy.setup()
+        with torch.no_grad():  # copy into the parameters (they are views of a flat buffer)
+            strategy._flat[0].copy_(seeded_vector(comm.rank, numel))
+        trace = []
+        for step in range(num_periods * len(strategy.schedule.period)):
+            strategy.average(step)
+            trace.append(torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone())
+        out[tuple(sizes)] = trace
+    return out
+
+
+def bsp_gradients(comm, numel: int):
+    model = nn.Linear(numel - 1, 1, dtype=torch.float64)
+    strategy = AllreduceStrategy(StrategyContext(comm=comm, model=model,
+                                                 topology=Topology.even(comm.world_size, 2)))
+    strategy.setup()
+    grad = seeded_vector(comm.rank, numel)
+    offset = 0
+    for p in model.parameters():
+        p.grad = grad[offset: offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
+    strategy.before_step(0)
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).detach()
+
+
+def raise_on_rank(comm, bad_rank: int):
+    if comm.rank == bad_rank:
+        raise ValueError("deliberate failure for the test")
+    comm.allreduce_(torch.ones(4))
+
+
+def die_on_rank(comm, bad_rank: int):
+    comm.register_groups([tuple(range(comm.world_size))])
+    if comm.rank == bad_rank:
+        os._exit(3)
+    comm.allreduce_(torch.ones(4))
+    comm.allreduce_(torch.ones(4))
+
+
+def straggle_in_group(comm, sleep_s: float):
+    comm.register_groups([(0, 1)])
+    if comm.rank == 1:
+        time.sleep(sleep_s)
+    if comm.rank in (0, 1):
+        comm.allreduce_(torch.ones(4), (0, 1))
+    return "done"
+
+
+def two_schedules(comm):
+    topo = Topology.from_rack_sizes([2, 2])
+    schedule = static_plan(topo) if comm.rank != 2 else static_plan(Topology.from_rack_sizes([1, 3]))
+    DSSyncStrategy(StrategyContext(comm=comm, model=nn.Linear(2, 2), topology=topo,
+                                   schedule=schedule)).setup()
