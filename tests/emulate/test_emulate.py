@@ -19,10 +19,11 @@ def iperf_mbps(c, src: int, dst: int, seconds: float = 2.0) -> float:
             proc = subprocess.run(["ip", "netns", "exec", c.worker_ns(src), "iperf3", "-c",
                                    c.worker_addr(dst), "-p", "5399", "-t", str(seconds), "-J"],
                                   capture_output=True, text=True, timeout=60)
-            if proc.returncode == 0:
-                return json.loads(proc.stdout)["end"]["sum_received"]["bits_per_second"] / 1e6
+            result = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
+            if proc.returncode == 0 and "sum_received" in result.get("end", {}):
+                return result["end"]["sum_received"]["bits_per_second"] / 1e6
             subprocess.run(["sleep", "0.1"])
-        raise AssertionError(proc.stdout[-500:])
+        raise AssertionError(f"iperf3 {src}->{dst} never completed: {proc.stdout[-500:]}")
     finally:
         server.kill()
         server.wait()
