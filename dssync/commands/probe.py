@@ -1,0 +1,120 @@
+"""``dssync probe``: measure latency, bandwidth and contention between the ranks; write topology.json."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+
+from dssync.commands._common import parse_rack_sizes
+from dssync.topology import Topology, Worker
+
+__all__ = ["add_parser", "plot_topology", "run"]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("probe", help="measure the network between the ranks, write topology.json",
+                       description="Measure pairwise latency and bandwidth in rounds of disjoint pairs, "
+                       "infer the racks, measure each rack's uplink with all its members sending at once, "
+                       "and write topology.json. Without a launcher, spawns --nproc local ranks; under "
+                       "one (torchrun, dssync emulate run) runs one rank.")
+    p.add_argument("--backend", default="builtin", choices=("builtin", "iperf3"),
+                   help="bandwidth between pairs: gloo messages (builtin, default) or iperf3 flows")
+    p.add_argument("--out", required=True, metavar="FILE", help="where to write topology.json")
+    p.add_argument("--plot", metavar="PNG", help="also draw the bandwidth matrix with the racks outlined")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="local ranks to spawn (default 2 without a launcher; omit under one)")
+    p.add_argument("--message-mb", type=float, default=4.0,
+                   help="bandwidth message size in MiB (default %(default)s)")
+    p.add_argument("--bandwidth-reps", type=int, default=3, help="timed messages per direction")
+    p.add_argument("--latency-reps", type=int, default=20, help="timed round trips per direction")
+    p.add_argument("--iperf-seconds", type=int, default=1, help="iperf3 -t per direction (iperf3 backend)")
+    p.add_argument("--rack-sizes", type=parse_rack_sizes, metavar="A,B,...",
+                   help="known racks of consecutive ranks, instead of inferring them (the uplink "
+                   "phase still runs)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds any single exchange may wait")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dssync.launch import from_environ, run_ranks
+    from dssync.topology.probe import ProbeConfig, probe_rank
+
+    if args.message_mb <= 0:
+        raise ValueError(f"--message-mb must be positive, got {args.message_mb}")
+    cfg = ProbeConfig(message_bytes=max(1, int(args.message_mb * 2**20)),
+                      bandwidth_reps=args.bandwidth_reps, latency_reps=args.latency_reps,
+                      timeout_s=args.timeout, iperf_seconds=args.iperf_seconds)
+    if args.plot and Path(args.plot).suffix.lower() != ".png":
+        raise ValueError(f"--plot writes a PNG; give a file name ending in .png, got {args.plot!r}")
+    for target in filter(None, (args.out, args.plot)):
+        if not Path(target).resolve().parent.is_dir():
+            raise ValueError(f"cannot write {target}: its folder does not exist; create it first")
+    launched = from_environ()
+    nproc = args.nproc if args.nproc is not None or launched is not None else 2
+    racks = None
+    if args.rack_sizes:
+        racks = [rack for rack, size in enumerate(args.rack_sizes) for _ in range(size)]
+        world_size = launched.world_size if launched is not None else nproc
+        if len(racks) != world_size:
+            raise ValueError(f"--rack-sizes {','.join(map(str, args.rack_sizes))} holds {len(racks)} "
+                             f"ranks but the world has {world_size}; make them add up")
+    results = run_ranks(probe_rank, cfg, args.backend, racks, nproc=nproc, timeout_s=args.timeout)
+    if launched is not None and launched.rank != 0:
+        return 0  # rank 0 writes the file, once
+    result = results[0]
+    topology = Topology(
+        workers=tuple(Worker(rank=r, host=h, rack=k)
+                      for r, (h, k) in enumerate(zip(result.hosts, result.racks, strict=True))),
+        latency_us=result.latency_us, bandwidth_gbps=result.bandwidth_gbps,
+        contention=result.contention,
+    )
+    if args.plot:
+        plot_topology(topology, args.plot)
+    # The wall time runs from the process group being ready to the file being written.
+    seconds = round(time.time() - result.started_at, 3)
+    topology = dataclasses.replace(topology, probe={
+        "backend": args.backend, "seconds": seconds, "message_bytes": cfg.message_bytes,
+        "rounds": result.rounds})
+    topology.save(args.out)
+    uplinks = [u["rack"] for u in result.contention["uplinks"]]
+    nics = [n["rank"] for n in result.contention["nics"]]
+    print(f"wrote {args.out}: {topology.world_size} ranks, {topology.num_racks} racks "
+          f"{[len(r) for r in topology.racks()]}, slow uplinks {uplinks or 'none'}, "
+          f"slow NICs {nics or 'none'}, {seconds:.1f} s")
+    return 0
+
+
+def plot_topology(topology: Topology, path: str) -> None:
+    """Heatmap of ``bandwidth_gbps`` (row sends to column), each rack's block outlined."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    if topology.bandwidth_gbps is None:
+        raise ValueError("this topology has no bandwidth matrix to plot; probe it first")
+    n = topology.world_size
+    fig, ax = plt.subplots(figsize=(1.2 + 0.5 * n, 0.8 + 0.5 * n))
+    image = ax.imshow(topology.bandwidth_gbps, cmap="viridis", interpolation="nearest")
+    fig.colorbar(image, ax=ax, label="bandwidth (Gbit/s)")
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for rack, members in enumerate(topology.racks()):
+        # Racks usually hold consecutive ranks (one block); otherwise outline each member pair.
+        if members == list(range(members[0], members[-1] + 1)):
+            cells = [(members[0], members[0], len(members))]
+        else:
+            cells = [(i, j, 1) for i in members for j in members]
+        for i, j, size in cells:
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), size, size, fill=False, lw=2,
+                                   edgecolor=colors[rack % len(colors)]))
+    ax.set_xlabel("receiver rank")
+    ax.set_ylabel("sender rank")
+    ax.set_xticks(range(n))
+    ax.set_yticks(range(n))
+    ax.set_title(f"bandwidth, {topology.num_racks} rack(s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,173 @@
+"""Rack inference and contention classification on synthetic matrices with known answers."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dssync.topology.infer import classify_contention, infer_racks, renumber_racks
+
+
+def matrices(racks, *, intra_gbps=1.0, inter_gbps=0.25, intra_us=30.0, inter_us=200.0,
+             noise=0.0, seed=0):
+    """Latency and bandwidth for ranks in ``racks`` (rack per rank), with +-``noise`` jitter."""
+    racks = np.asarray(racks)
+    same = np.equal.outer(racks, racks)
+    lat = np.where(same, intra_us, inter_us).astype(float)
+    bw = np.where(same, intra_gbps, inter_gbps).astype(float)
+    rng = np.random.default_rng(seed)
+    lat *= rng.uniform(1 - noise, 1 + noise, lat.shape)
+    bw *= rng.uniform(1 - noise, 1 + noise, bw.shape)
+    np.fill_diagonal(lat, 0.0)
+    np.fill_diagonal(bw, 0.0)
+    return lat, bw
+
+
+def layout(sizes):
+    return [rack for rack, size in enumerate(sizes) for _ in range(size)]
+
+
+def test_two_racks_of_four():
+    lat, bw = matrices(layout([4, 4]))
+    assert infer_racks(lat, bw) == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert infer_racks(lat) == [0, 0, 0, 0, 1, 1, 1, 1]  # latency alone is enough here
+
+
+def test_three_racks_of_unequal_sizes():
+    lat, bw = matrices(layout([3, 2, 4]), noise=0.1, seed=3)
+    assert infer_racks(lat, bw) == [0, 0, 0, 1, 1, 2, 2, 2, 2]
+
+
+def test_a_rack_of_one():
+    lat, bw = matrices(layout([1, 3]))
+    assert infer_racks(lat, bw) == [0, 1, 1, 1]
+
+
+def test_racks_need_not_be_consecutive_and_are_numbered_by_lowest_rank():
+    racks = [1, 0, 1, 2, 0, 2, 1]
+    lat, bw = matrices(racks, noise=0.05, seed=1)
+    assert infer_racks(lat, bw) == [0, 1, 0, 2, 1, 2, 0]
+
+
+def test_bandwidth_alone_separates_racks_when_latency_is_flat():
+    lat, bw = matrices(layout([4, 4]), inter_us=30.0, noise=0.1, seed=2)
+    assert infer_racks(lat, bw) == layout([4, 4])
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.1])
+def test_uniform_matrices_give_one_rack(noise):
+    lat, bw = matrices([0] * 8, noise=noise, seed=4)
+    assert infer_racks(lat, bw) == [0] * 8
+    assert infer_racks(np.full((6, 6), 40.0), np.full((6, 6), 9.0)) == [0] * 6
+
+
+def test_hosts_merge_racks_and_never_split_them():
+    lat, bw = matrices(layout([2, 2]))
+    assert infer_racks(lat, bw, hosts=["vm"] * 4) == [0, 0, 0, 0]  # one machine: one rack
+    assert infer_racks(lat, bw, hosts=["a", "b", "c", "d"]) == [0, 0, 1, 1]
+    flat, _ = matrices([0] * 4)
+    assert infer_racks(flat, hosts=["a", "a", "b", "b"]) == [0, 0, 0, 0]
+
+
+def test_a_slow_nic_is_not_a_rack_of_its_own():
+    lat, bw = matrices(layout([4, 4]), noise=0.05)
+    bw[5, :] = np.minimum(bw[5, :], 0.2)
+    bw[:, 5] = np.minimum(bw[:, 5], 0.2)
+    np.fill_diagonal(bw, 0.0)
+    assert infer_racks(lat, bw) == layout([4, 4])
+
+
+def test_degenerate_sizes_and_bad_input():
+    assert infer_racks(np.zeros((1, 1))) == [0]
+    assert infer_racks(np.array([[0.0, 50.0], [50.0, 0.0]])) == [0, 0]
+    assert infer_racks(np.zeros((3, 3))) == [0, 0, 0]  # nothing measured: no structure
+    with pytest.raises(ValueError, match=r"latency_us must be a square matrix, got shape \(2, 3\)"):
+        infer_racks(np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="bandwidth_gbps must be a 2x2 matrix"):
+        infer_racks(np.zeros((2, 2)), np.zeros((3, 3)))
+    with pytest.raises(ValueError, match="one host per rank"):
+        infer_racks(np.zeros((2, 2)), hosts=["a"])
+    assert renumber_racks([5, 5, 2, 7, 2]) == [0, 0, 1, 2, 1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(2, 5), min_size=1, max_size=5),
+    latency_ratio=st.floats(3.0, 20.0),
+    bandwidth_ratio=st.floats(0.05, 0.4),
+    shuffle_seed=st.integers(0, 2**16),
+)
+def test_random_layouts_with_ten_percent_noise_are_recovered_exactly(
+        sizes, latency_ratio, bandwidth_ratio, shuffle_seed):
+    rng = np.random.default_rng(shuffle_seed)
+    racks = rng.permutation(layout(sizes)).tolist()
+    lat, bw = matrices(racks, inter_us=30.0 * latency_ratio, inter_gbps=bandwidth_ratio,
+                       noise=0.1, seed=shuffle_seed)
+    assert infer_racks(lat, bw) == renumber_racks(racks)
+
+
+# -- contention ----------------------------------------------------------------------------
+
+def test_no_contention_flags_nothing():
+    racks = layout([4, 4])
+    _, bw = matrices(racks, noise=0.1, seed=5)
+    assert classify_contention(bw, racks) == {"uplinks": [], "nics": []}
+    assert classify_contention(bw, racks, [1.0, 0.93]) == {"uplinks": [], "nics": []}
+
+
+def test_a_slow_nic_is_flagged_exactly():
+    racks = layout([4, 4])
+    _, bw = matrices(racks, noise=0.1, seed=6)
+    bw[5, :] *= 0.2  # every flow of rank 5, rack-mates included, in one direction
+    result = classify_contention(bw, racks)
+    assert [n["rank"] for n in result["nics"]] == [5]
+    assert result["nics"][0]["bandwidth_gbps"] < 0.3
+    assert result["uplinks"] == []  # its slow cross-rack flows do not blame rack 1's uplink
+
+
+def test_a_slow_uplink_is_flagged_exactly_from_concurrent_aggregates():
+    racks = layout([3, 2, 4])
+    _, bw = matrices(racks, noise=0.1, seed=7)
+    result = classify_contention(bw, racks, [1.0, 0.35, 0.95])
+    assert result == {"uplinks": [{"rack": 1, "bandwidth_gbps": 0.35}], "nics": []}
+    # Two racks: compared with the other rack; only the slower one is flagged.
+    two = layout([4, 4])
+    _, bw2 = matrices(two, noise=0.1, seed=8)
+    assert [u["rack"] for u in classify_contention(bw2, two, [0.3, 1.0])["uplinks"]] == [0]
+    # Equal figures are flagged only against a nominal rate.
+    assert classify_contention(bw2, two, [0.3, 0.3])["uplinks"] == []
+    flagged = classify_contention(bw2, two, [0.3, 0.3], nominal_uplink_gbps=1.0)["uplinks"]
+    assert [u["rack"] for u in flagged] == [0, 1]
+
+
+def test_a_slow_uplink_is_flagged_from_pairwise_egress():
+    racks = layout([4, 4])
+    _, bw = matrices(racks, noise=0.1, seed=9)
+    bw[4:, :4] *= 0.3  # rack 1 -> rack 0: traffic leaving rack 1 is throttled
+    result = classify_contention(bw, racks)
+    assert [u["rack"] for u in result["uplinks"]] == [1] and result["nics"] == []
+    # Three racks, rack 2 slow both ways: racks 0 and 1 still have a clear destination.
+    racks3 = layout([3, 3, 3])
+    _, bw3 = matrices(racks3, noise=0.1, seed=10)
+    bw3[6:, :6] *= 0.3
+    bw3[:6, 6:] *= 0.3
+    assert [u["rack"] for u in classify_contention(bw3, racks3)["uplinks"]] == [2]
+
+
+def test_same_host_flows_are_not_judged():
+    racks = [0, 0, 0, 0]
+    _, bw = matrices(racks, noise=0.1, seed=11)
+    bw[1, :] *= 0.1
+    assert [n["rank"] for n in classify_contention(bw, racks)["nics"]] == [1]
+    assert classify_contention(bw, racks, hosts=["vm"] * 4) == {"uplinks": [], "nics": []}
+    # Racks forced onto one host have no uplink between them.
+    assert classify_contention(bw, [0, 0, 1, 1], [1.0, 0.1], hosts=["vm"] * 4)["uplinks"] == []
+
+
+def test_classify_rejects_mismatched_input():
+    with pytest.raises(ValueError, match="racks names 3 ranks but bandwidth_gbps has 4"):
+        classify_contention(np.ones((4, 4)), [0, 0, 1])
+    with pytest.raises(ValueError, match="2 entries for 1 racks"):
+        classify_contention(np.ones((4, 4)), [0, 0, 0, 0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="slow_ratio must lie in"):
+        classify_contention(np.ones((4, 4)), [0] * 4, slow_ratio=1.5)

@@ -1,0 +1,245 @@
+"""Infer racks and classify contention from measured latency and bandwidth matrices.
+
+Pure functions on plain arrays (numpy, scipy; no torch), so they are tested exhaustively on
+synthetic matrices. ``dssync probe`` feeds them what it measured; the planner consumes
+their result through ``topology.json`` (DESIGN section 2; the two contention kinds are
+the paper's Fig. 5, a slow rack uplink, and Fig. 6, a slow end-host NIC).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from scipy.cluster.hierarchy import fcluster, linkage
+from scipy.spatial.distance import squareform
+
+__all__ = ["classify_contention", "infer_racks", "renumber_racks"]
+
+DEFAULT_RACK_GAP = 1.0
+DEFAULT_SLOW_RATIO = 0.6
+
+
+def _square(name: str, value: Any, n: int | None = None) -> np.ndarray:
+    arr = np.asarray(value, dtype=float)
+    if arr.ndim != 2 or arr.shape[0] != arr.shape[1] or (n is not None and arr.shape[0] != n):
+        want = "a square matrix" if n is None else f"a {n}x{n} matrix"
+        raise ValueError(f"{name} must be {want}, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        raise ValueError(f"{name} must hold finite, non-negative numbers; re-run the probe")
+    return arr
+
+
+def _ratio_to_nearest(cost: np.ndarray) -> np.ndarray | None:
+    """Symmetrised ``cost`` divided by the typical nearest-neighbour cost (``None``: unusable).
+
+    The scale is the median over ranks of each rank's smallest cost to any other rank: in a
+    rack of two or more, a rank's nearest neighbour is a rack-mate, so this is the intra-rack
+    level, whatever the absolute numbers (loopback, 1 GbE, InfiniBand).
+    """
+    sym = (cost + cost.T) / 2.0
+    off = sym + np.diag(np.full(len(sym), np.inf))
+    base = float(np.median(off.min(axis=1)))
+    if not np.isfinite(base) or base <= 0:
+        return None
+    out = sym / base
+    np.fill_diagonal(out, 0.0)
+    return out
+
+
+def _bandwidth_cost(bw: np.ndarray) -> np.ndarray:
+    """How many times slower each pair is than the slower endpoint's best flow.
+
+    Dividing by the endpoints' best flows keeps a rank with a slow NIC (every flow slow)
+    from looking like a rack of its own: only a path that is slower than both of its ends
+    can be, and that is a shared link between racks.
+    """
+    sym = (bw + bw.T) / 2.0
+    np.fill_diagonal(sym, 0.0)
+    best = sym.max(axis=1)
+    scale = np.minimum.outer(best, best)
+    cost = np.full_like(sym, np.inf)
+    np.divide(scale, sym, out=cost, where=sym > 0)
+    # A pair never measured (0 Gbit/s) says nothing: give it the worst cost seen.
+    finite = cost[np.isfinite(cost)]
+    cost[~np.isfinite(cost)] = finite.max() if finite.size else 1.0
+    np.fill_diagonal(cost, 0.0)
+    return cost
+
+
+def renumber_racks(labels: Sequence[int]) -> list[int]:
+    """Relabel racks ``0..R-1`` in order of their lowest rank (the topology.json rule)."""
+    seen: dict[int, int] = {}
+    return [seen.setdefault(int(label), len(seen)) for label in labels]
+
+
+def infer_racks(
+    latency_us: Any,
+    bandwidth_gbps: Any | None = None,
+    hosts: Sequence[str] | None = None,
+    *,
+    gap: float = DEFAULT_RACK_GAP,
+) -> list[int]:
+    """The rack of every rank, racks numbered ``0..R-1`` in order of their lowest rank.
+
+    Rule: each pair gets a distance that says how many times worse than a typical
+    rack-mate it is, ``d = max(latency / L0, c / C0)`` (both directions averaged), where
+    ``c`` is the pair's bandwidth cost, the slower endpoint's best flow divided by the
+    pair's bandwidth (so a slow NIC, which slows all of a rank's flows alike, is no rack
+    boundary), and ``L0``, ``C0`` are the median over ranks of each rank's smallest
+    (nearest-neighbour) latency and cost. Ranks are clustered by average
+    linkage (``scipy.cluster.hierarchy``) and two clusters are one rack while their average
+    distance is at most ``1 + gap`` (default: within twice the typical nearest-neighbour
+    cost). Taking the worse of the two metrics catches a rack boundary that shows up in only
+    one of them (an uplink that adds latency but has spare bandwidth, or a shared uplink that
+    throttles concurrent flows at no extra latency); average linkage keeps one noisy pair
+    from splitting a rack or merging two. A uniform matrix, loopback included, stays within
+    the cut and gives one rack.
+
+    ``hosts`` (hostname per rank) is a hint: ranks on the same host are one machine and so
+    one rack; it merges clusters, it never splits them (a two-rank world, or a matrix with
+    no structure, can only be told apart by it).
+    """
+    if gap <= 0:
+        raise ValueError(f"gap must be positive (a relative margin such as 1.0), got {gap}")
+    lat = _square("latency_us", latency_us)
+    n = lat.shape[0]
+    if hosts is not None and len(hosts) != n:
+        raise ValueError(f"hosts names {len(hosts)} ranks but latency_us has {n}; give one host per rank")
+    if n < 2:
+        return [0] * n
+    ratios = [_ratio_to_nearest(lat)]
+    if bandwidth_gbps is not None:
+        ratios.append(_ratio_to_nearest(_bandwidth_cost(_square("bandwidth_gbps", bandwidth_gbps, n))))
+    usable = [r for r in ratios if r is not None]
+    if not usable:
+        labels = [0] * n
+    else:
+        dist = np.maximum.reduce(usable)
+        tree = linkage(squareform(dist, checks=False), method="average")
+        labels = [int(x) for x in fcluster(tree, t=1.0 + gap, criterion="distance")]
+    if hosts is not None:
+        labels = _merge_by_host(labels, hosts)
+    return renumber_racks(labels)
+
+
+def _merge_by_host(labels: list[int], hosts: Sequence[str]) -> list[int]:
+    parent = {label: label for label in labels}
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            x = parent[x]
+        return x
+
+    first: dict[str, int] = {}
+    for label, host in zip(labels, hosts, strict=True):
+        other = first.setdefault(host, label)
+        a, b = find(label), find(other)
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+    return [find(label) for label in labels]
+
+
+def _slow(values: dict[int, float], ratio: float, nominal: float | None) -> list[int]:
+    """Keys whose value is below ``ratio`` times the median of the *other* keys' values."""
+    out = []
+    for key, value in values.items():
+        others = [v for k, v in values.items() if k != key]
+        refs = ([float(np.median(others))] if others else []) + ([nominal] if nominal else [])
+        if refs and value < ratio * max(refs):
+            out.append(key)
+    return out
+
+
+def classify_contention(
+    bandwidth_gbps: Any,
+    racks: Sequence[int],
+    uplink_gbps_by_rack: Sequence[float] | None = None,
+    *,
+    hosts: Sequence[str] | None = None,
+    slow_ratio: float = DEFAULT_SLOW_RATIO,
+    nominal_uplink_gbps: float | None = None,
+) -> dict[str, list[dict[str, float]]]:
+    """Slow NICs (paper Fig. 6) and slow rack uplinks (Fig. 5), in the topology.json form.
+
+    ``{"uplinks": [{"rack": r, "bandwidth_gbps": x}], "nics": [{"rank": i, "bandwidth_gbps": y}]}``;
+    both lists are empty when nothing stands out.
+
+    NIC of rank ``i``: its capacity estimate is its *best* flow in its *worse* direction,
+    ``min(max_j bw[i, j], max_j bw[j, i])``. A healthy rank has at least one fast flow (a
+    rack-mate, or any peer whose path is clear), so a rank whose every flow, rack-mates
+    included, is slow has a contended NIC; a slow peer or a slow uplink does not lower the
+    best flow. Slow means below ``slow_ratio`` (0.6) times the median of the other ranks'
+    estimates: a contending flow of equal weight halves a NIC's share (0.5 < 0.6), while
+    measurement noise of a few ten percent stays above it. With ``hosts``, flows between
+    ranks of one host are left out (they never leave the machine), and a rank with no flow
+    off its host is not judged: local ranks on loopback measure the CPU, not a NIC. At least
+    three judged ranks are needed for a median of "the others" to mean anything.
+
+    Uplink of rack ``r``: ``uplink_gbps_by_rack[r]``, the aggregate of rack ``r``'s members
+    all sending across racks at once (what ``dssync probe``'s concurrent phase measures; a
+    shared uplink is invisible to one flow at a time). Without it, the pairwise figure: for
+    each other rack, the median flow from ``r`` to it, skipping flows that touch a slow NIC,
+    then the best over destination racks (one clear destination means ``r``'s own uplink is
+    clear). Slow, by the same 0.6 rule, against the median of the other racks (with two
+    racks, the other rack) and, if given, ``nominal_uplink_gbps``. A cross-rack flow leaves
+    through its rack's uplink and enters through the other's: the figure is rack ``r``'s
+    *egress*, so a slow direction is attributed to the sending rack (background traffic
+    leaving a rack); with two racks, an uplink slowed equally in both directions slows both
+    racks' figures alike and is flagged only against ``nominal_uplink_gbps``. With
+    ``hosts``, a rack that shares a host with another rack is not judged (its cross-rack
+    flows need not leave the machine).
+    """
+    if not 0 < slow_ratio < 1:
+        raise ValueError(f"slow_ratio must lie in (0, 1), got {slow_ratio}; 0.6 is the default")
+    bw = _square("bandwidth_gbps", bandwidth_gbps)
+    n = bw.shape[0]
+    if len(racks) != n:
+        raise ValueError(f"racks names {len(racks)} ranks but bandwidth_gbps has {n}; give one rack per rank")
+    if hosts is not None and len(hosts) != n:
+        raise ValueError(f"hosts names {len(hosts)} ranks but bandwidth_gbps has {n}; give one host per rank")
+    rack_ids = sorted(set(racks))
+    off = bw.copy()
+    np.fill_diagonal(off, 0.0)
+    # Flows between ranks of one host never touch its NIC (loopback measures the CPU).
+    through_nic = off.copy()
+    if hosts is not None:
+        same_host = np.equal.outer(np.asarray(hosts, dtype=object), np.asarray(hosts, dtype=object))
+        through_nic[same_host] = 0.0
+    nic_gbps = {i: float(min(through_nic[i].max(), through_nic[:, i].max()))
+                for i in range(n) if through_nic[i].any() and through_nic[:, i].any()}
+    slow_nics = _slow(nic_gbps, slow_ratio, None) if len(nic_gbps) > 2 else []
+
+    if uplink_gbps_by_rack is not None:
+        if len(uplink_gbps_by_rack) != len(rack_ids):
+            raise ValueError(
+                f"uplink_gbps_by_rack has {len(uplink_gbps_by_rack)} entries for {len(rack_ids)} racks; "
+                "give one aggregate per rack"
+            )
+        uplink = {r: float(uplink_gbps_by_rack[r]) for r in rack_ids}
+    else:
+        members = {r: [i for i in range(n) if racks[i] == r] for r in rack_ids}
+        clear = [i for i in range(n) if i not in slow_nics]
+        uplink = {}
+        for r in rack_ids:
+            best = []
+            for s in rack_ids:
+                flows = [off[i, j] for i in members[r] for j in members[s]
+                         if s != r and i in clear and j in clear]
+                if flows:
+                    best.append(float(np.median(flows)))
+            if best:
+                uplink[r] = max(best)
+    if hosts is not None:
+        # A rack sharing a host with another rack has no uplink between them to judge.
+        host_racks: dict[str, set[int]] = {}
+        for host, rack in zip(hosts, racks, strict=True):
+            host_racks.setdefault(host, set()).add(rack)
+        shared = set().union(*(rs for rs in host_racks.values() if len(rs) > 1))
+        uplink = {r: v for r, v in uplink.items() if r not in shared}
+    slow_uplinks = _slow(uplink, slow_ratio, nominal_uplink_gbps) if len(uplink) > 1 else []
+    return {
+        "uplinks": [{"rack": r, "bandwidth_gbps": round(uplink[r], 4)} for r in slow_uplinks],
+        "nics": [{"rank": i, "bandwidth_gbps": round(nic_gbps[i], 4)} for i in slow_nics],
+    }

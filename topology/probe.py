@@ -1,0 +1,395 @@
+"""The built-in prober: pairwise latency and bandwidth over torch.distributed (gloo) send/recv.
+
+Run ``probe_rank(comm, config)`` on every rank (``dssync.launch.run_ranks``). Pairs are
+measured in the rounds of a round-robin tournament (circle method): every round is a set
+of disjoint pairs that measure at the same time, so ``N`` ranks need ``N - 1`` rounds
+(``N`` when ``N`` is odd, one rank sitting out each round) rather than ``N (N - 1) / 2``.
+Pairwise tests alone cannot see an oversubscribed uplink that only saturates when a whole
+rack talks at once, so a second phase infers the racks and then, rack by rack, has all
+members of a rack send across racks at the same time (paper §III: the contention DS-Sync's
+grouping adapts to). The gathered result is the same on every rank.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from dssync.collectives.base import Communicator
+from dssync.errors import BackendUnavailableError, CommunicationError
+from dssync.topology.infer import classify_contention, infer_racks
+
+__all__ = [
+    "BACKENDS",
+    "ProbeConfig",
+    "ProbeResult",
+    "cross_rack_flows",
+    "interface_address",
+    "probe_rank",
+    "round_robin_rounds",
+]
+
+BACKENDS = ("builtin", "iperf3")
+_TAG = 0x5D5  # probe messages on their own tag, apart from any other send/recv on the world
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """What to send. Defaults measure a real network; tests shrink them to stay fast."""
+
+    message_bytes: int = 4 * 2**20
+    bandwidth_reps: int = 3
+    latency_reps: int = 20
+    latency_bytes: int = 8
+    timeout_s: float = 60.0
+    iperf_seconds: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("message_bytes", "bandwidth_reps", "latency_reps", "latency_bytes", "iperf_seconds"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"probe {name} must be at least 1, got {getattr(self, name)}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"probe timeout must be positive seconds, got {self.timeout_s}")
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """Everything the probe found (identical on every rank)."""
+
+    hosts: list[str]
+    latency_us: np.ndarray
+    bandwidth_gbps: np.ndarray
+    racks: list[int]
+    contention: dict[str, Any]
+    rounds: int
+    started_at: float  # time.time() when the process group was ready, for the wall time
+
+
+def round_robin_rounds(num_ranks: int) -> list[list[tuple[int, int]]]:
+    """Rounds of disjoint pairs in which every pair of ``0..num_ranks-1`` meets exactly once.
+
+    Circle method: rank ``n-1`` (or a bye when ``n`` is odd) stays put while the others
+    rotate one place per round; ``n - 1`` rounds for even ``n``, ``n`` for odd. Pairs are
+    ``(low, high)``.
+    """
+    if num_ranks < 1:
+        raise ValueError(f"need at least one rank to schedule, got {num_ranks}")
+    players: list[int | None] = list(range(num_ranks)) + ([None] if num_ranks % 2 else [])
+    m = len(players)
+    rounds = []
+    for _ in range(m - 1):
+        pairs = []
+        for k in range(m // 2):
+            a, b = players[k], players[m - 1 - k]
+            if a is not None and b is not None:
+                pairs.append((min(a, b), max(a, b)))
+        if pairs:  # a world of one has nothing to measure
+            rounds.append(sorted(pairs))
+        players = [players[0], players[-1], *players[1:-1]]
+    return rounds
+
+
+def cross_rack_flows(racks: list[int], rack: int) -> list[tuple[int, int]]:
+    """``(member of rack, rank elsewhere)`` flows for the concurrent phase of ``rack``.
+
+    As many flows as the larger side has ranks, paired round-robin, so every member of the
+    rack and every rank outside it carries at least one flow and the rack's uplink sees
+    all of its members at once.
+    """
+    inside = [i for i, r in enumerate(racks) if r == rack]
+    outside = [i for i, r in enumerate(racks) if r != rack]
+    if not inside or not outside:
+        return []
+    return [(inside[k % len(inside)], outside[k % len(outside)])
+            for k in range(max(len(inside), len(outside)))]
+
+
+class _Link:
+    """Blocking send/recv with the probe's timeout; failures name this rank, the peer and the step."""
+
+    def __init__(self, rank: int, timeout_s: float) -> None:
+        self.rank, self.timeout = rank, datetime.timedelta(seconds=timeout_s)
+
+    def _wait(self, works: list[tuple[Any, int]], what: str) -> None:
+        for work, peer in works:
+            try:
+                work.wait(timeout=self.timeout)
+            except RuntimeError as exc:
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise CommunicationError(
+                    f"rank {self.rank}: probe {what} with peer {peer} failed/timed out "
+                    f"(timeout {self.timeout.total_seconds():.0f} s): {first}"
+                ) from None
+
+    def _start(self, op: Callable[..., Any], tensor: torch.Tensor, peer: int, what: str) -> Any:
+        try:
+            return op(tensor, peer, tag=_TAG)
+        except RuntimeError as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise CommunicationError(f"rank {self.rank}: probe {what} with peer {peer} failed: {first}") from None
+
+    def send(self, tensor: torch.Tensor, peers: list[int], what: str) -> None:
+        self._wait([(self._start(dist.isend, tensor, p, what), p) for p in peers], what)
+
+    def recv(self, tensors: list[torch.Tensor], peers: list[int], what: str) -> None:
+        works = [(self._start(dist.irecv, t, p, what), p) for t, p in zip(tensors, peers, strict=True)]
+        self._wait(works, what)
+
+
+def _ping_pong(link: _Link, peer: int, lead: bool, cfg: ProbeConfig) -> float | None:
+    """One-way latency (µs, fastest RTT / 2) measured by the leader, ``None`` on the follower.
+
+    The fastest, not the median, round trip: queueing and scheduling only ever add delay, and
+    on an oversubscribed machine they add a lot (two concurrent pairs on a 2-core VM: median
+    RTT 4 ms, one scheduler tick, against a fastest of 0.1 to 0.4 ms, measured here).
+    """
+    buf = torch.zeros(cfg.latency_bytes, dtype=torch.uint8)
+    rtts = []
+    for k in range(cfg.latency_reps + 1):  # the first exchange warms the connection up
+        if lead:
+            t0 = time.perf_counter()
+            link.send(buf, [peer], "latency ping")
+            link.recv([buf], [peer], "latency pong")
+            if k:
+                rtts.append(time.perf_counter() - t0)
+        else:
+            link.recv([buf], [peer], "latency ping")
+            link.send(buf, [peer], "latency pong")
+    return min(rtts) / 2 * 1e6 if lead else None
+
+
+def _stream(link: _Link, peer: int, send: bool, cfg: ProbeConfig, payload: torch.Tensor) -> float | None:
+    """Sender-side Gbit/s: the best of the messages, each timed until the receiver's ack.
+
+    The best, for the same reason as the fastest round trip: a stall (a descheduled rank)
+    only lowers one message's rate, while a shaped link or a competing flow lowers them all.
+    """
+    ack = torch.zeros(1, dtype=torch.uint8)
+    rates = []
+    for k in range(cfg.bandwidth_reps + 1):  # one warm-up message: TCP slow start, buffers
+        if send:
+            t0 = time.perf_counter()
+            link.send(payload, [peer], "bandwidth send")
+            link.recv([ack], [peer], "bandwidth ack")
+            if k:
+                rates.append(payload.numel() * 8 / (time.perf_counter() - t0) / 1e9)
+        else:
+            link.recv([payload], [peer], "bandwidth recv")
+            link.send(ack, [peer], "bandwidth ack")
+    return max(rates) if send else None
+
+
+def _latency_pair(link: _Link, rank: int, peer: int, cfg: ProbeConfig) -> dict[tuple[int, int], float]:
+    """``{(rank, peer): one-way µs}``; the lower rank leads first, then the roles swap."""
+    low = rank < peer
+    out = {}
+    for lead in (low, not low):
+        value = _ping_pong(link, peer, lead, cfg)
+        if value is not None:
+            out[rank, peer] = value
+    return out
+
+
+def _bandwidth_pair(link: _Link, rank: int, peer: int, cfg: ProbeConfig, payload: torch.Tensor,
+                    iperf: _Iperf3 | None) -> dict[tuple[int, int], float]:
+    """``{(src, dst): Gbit/s}`` for the directions this rank timed."""
+    low = rank < peer
+    if iperf is not None:  # the lower rank runs the client both ways; the higher rank's server answers
+        if not low:
+            return {}
+        return {(rank, peer): iperf.client(peer, reverse=False),
+                (peer, rank): iperf.client(peer, reverse=True)}
+    out = {}
+    for send in (low, not low):
+        value = _stream(link, peer, send, cfg, payload)
+        if value is not None:
+            out[rank, peer] = value
+    return out
+
+
+class _Iperf3:
+    """An ``iperf3 -s`` on this rank's address (the ``GLOO_SOCKET_IFNAME`` interface) and a
+    client towards any peer's; ports are offset by rank so local ranks can share an address."""
+
+    def __init__(self, comm: Communicator, cfg: ProbeConfig, base_port: int) -> None:
+        if shutil.which("iperf3") is None:
+            raise BackendUnavailableError(
+                "--backend iperf3 needs the iperf3 program; install it (apt-get install iperf3) "
+                "or use --backend builtin"
+            )
+        self.rank, self.cfg = comm.rank, cfg
+        addr = interface_address(os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
+        port = base_port + comm.rank
+        self.server = subprocess.Popen(["iperf3", "-s", "-B", addr, "-p", str(port)],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.peers: list[tuple[str, int]] = comm.allgather_object((addr, port))
+
+    def client(self, peer: int, *, reverse: bool) -> float:
+        """Gbit/s from this rank to ``peer`` (``reverse``: from ``peer`` to this rank)."""
+        addr, port = self.peers[peer]
+        argv = ["iperf3", "-c", addr, "-p", str(port), "-t", str(self.cfg.iperf_seconds), "-J",
+                *(["-R"] if reverse else [])]
+        what = f"iperf3 {'-R ' if reverse else ''}client to {addr}:{port}"
+        deadline = time.monotonic() + self.cfg.timeout_s
+        while True:
+            try:
+                proc = subprocess.run(argv, capture_output=True, text=True,
+                                      timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise CommunicationError(
+                    f"rank {self.rank}: probe {what} with peer {peer} failed/timed out after "
+                    f"{self.cfg.timeout_s:.0f} s; raise --timeout or check the network"
+                ) from None
+            try:
+                report = json.loads(proc.stdout)
+            except json.JSONDecodeError:
+                report = {"error": (proc.stderr.strip().splitlines() or ["no output"])[0]}
+            if "error" not in report:
+                return float(report["end"]["sum_received"]["bits_per_second"]) / 1e9
+            # The peer's server may not listen yet (it started moments ago) or still be busy.
+            if time.monotonic() > deadline - 1.0:
+                raise CommunicationError(
+                    f"rank {self.rank}: probe {what} with peer {peer} failed/timed out: {report['error']}"
+                )
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        self.server.terminate()
+        try:
+            self.server.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.server.kill()
+            self.server.wait()
+
+
+def interface_address(ifname: str) -> str:
+    """The first IPv4 address of ``ifname`` (``ip -j addr show dev IFNAME``)."""
+    try:
+        proc = subprocess.run(["ip", "-j", "addr", "show", "dev", ifname],
+                              capture_output=True, text=True, timeout=10)
+    except FileNotFoundError:
+        raise BackendUnavailableError(
+            "--backend iperf3 needs the ip program to find this rank's address; install iproute2"
+        ) from None
+    try:
+        for link in json.loads(proc.stdout or "[]"):
+            for info in link.get("addr_info", []):
+                if info.get("family") == "inet":
+                    return str(info["local"])
+    except (json.JSONDecodeError, AttributeError, KeyError):
+        pass
+    raise CommunicationError(
+        f"no IPv4 address on interface {ifname!r} (GLOO_SOCKET_IFNAME); set it to the interface "
+        f"the ranks talk over: {(proc.stderr.strip().splitlines() or ['no address'])[0]}"
+    )
+
+
+def _concurrent_phase(link: _Link, rank: int, flows: list[tuple[int, int]], outbound: bool,
+                      cfg: ProbeConfig, payload: torch.Tensor, what: str) -> float:
+    """Run every flow at once; return this rank's sending time (0.0 if it sends nothing)."""
+    src_dst = flows if outbound else [(b, a) for a, b in flows]
+    dsts = [d for s, d in src_dst if s == rank]
+    srcs = [s for s, d in src_dst if d == rank]
+    sinks = [torch.empty_like(payload) for _ in srcs]
+    ack = torch.zeros(1, dtype=torch.uint8)
+    t0 = time.perf_counter()
+    # Sends and receives are posted together: a rank may be source of one flow and sink of another.
+    works: list[tuple[Any, int]] = []
+    for _ in range(cfg.bandwidth_reps):
+        works += [(link._start(dist.isend, payload, d, what), d) for d in dsts]
+        works += [(link._start(dist.irecv, t, s, what), s) for t, s in zip(sinks, srcs, strict=True)]
+        link._wait(works, what)
+        works = []
+    # Acks: a send that completed may still sit in a socket buffer; the sink's ack closes it.
+    acks_in = [torch.zeros(1, dtype=torch.uint8) for _ in dsts]
+    works += [(link._start(dist.isend, ack, s, f"{what} ack"), s) for s in srcs]
+    works += [(link._start(dist.irecv, t, d, f"{what} ack"), d) for t, d in zip(acks_in, dsts, strict=True)]
+    link._wait(works, f"{what} ack")
+    return time.perf_counter() - t0 if dsts else 0.0
+
+
+def _uplink_aggregate(comm: Communicator, link: _Link, racks: list[int], rack: int, outbound: bool,
+                      cfg: ProbeConfig, payload: torch.Tensor) -> dict[str, Any]:
+    flows = cross_rack_flows(racks, rack)
+    comm.barrier()
+    direction = "egress" if outbound else "ingress"
+    mine = _concurrent_phase(link, comm.rank, flows, outbound, cfg, payload, f"rack {rack} {direction}")
+    elapsed = max(comm.allgather_object(mine))
+    total_bits = len(flows) * cfg.bandwidth_reps * payload.numel() * 8
+    return {"gbps": total_bits / elapsed / 1e9 if elapsed > 0 else 0.0, "flows": len(flows)}
+
+
+def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
+               racks: list[int] | None = None, base_port: int = 5301) -> ProbeResult:
+    """Measure the world from this rank; every rank returns the same ``ProbeResult``.
+
+    ``backend="iperf3"`` measures pairwise bandwidth with ``iperf3`` (server on port
+    ``base_port + rank``) instead of gloo messages; latency and the concurrent uplink phase
+    use gloo messages with either backend. ``racks`` (rack per rank, numbered in order of
+    lowest rank) replaces the inferred racks, for a layout known in advance.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown probe backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+    if racks is not None and len(racks) != comm.world_size:
+        raise ValueError(f"racks lists {len(racks)} ranks for a world of {comm.world_size}; "
+                         "give one rack per rank")
+    started_at = time.time()
+    rank, n = comm.rank, comm.world_size
+    link = _Link(rank, cfg.timeout_s)
+    hosts = [str(h) for h in comm.allgather_object(os.environ.get("DSSYNC_HOST", socket.gethostname()))]
+    comm.barrier()
+    payload = torch.zeros(cfg.message_bytes, dtype=torch.uint8)
+    rounds = round_robin_rounds(n)
+    iperf = _Iperf3(comm, cfg, base_port) if backend == "iperf3" else None
+    latency: dict[tuple[int, int], float] = {}
+    bandwidth: dict[tuple[int, int], float] = {}
+    try:
+        if iperf is not None:
+            comm.barrier()  # every server started before any client connects
+        # All latency rounds first, then all bandwidth rounds: a ping-pong next to another
+        # pair's bulk transfer would time the CPU and the queues that transfer fills.
+        for kind in ("latency", "bandwidth"):
+            for pairs in rounds:
+                for a, b in pairs:
+                    if rank in (a, b):
+                        peer = b if rank == a else a
+                        if kind == "latency":
+                            latency.update(_latency_pair(link, rank, peer, cfg))
+                        else:
+                            bandwidth.update(_bandwidth_pair(link, rank, peer, cfg, payload, iperf))
+                comm.barrier()  # the next round's pairs must not overlap this one's
+    finally:
+        if iperf is not None:
+            iperf.close()
+    latency_us, bandwidth_gbps = np.zeros((n, n)), np.zeros((n, n))
+    for lat_part, bw_part in comm.allgather_object((latency, bandwidth)):
+        for (src, dst), value in lat_part.items():
+            latency_us[src, dst] = value
+        for (src, dst), value in bw_part.items():
+            bandwidth_gbps[src, dst] = value
+    racks = list(racks) if racks is not None else infer_racks(latency_us, bandwidth_gbps, hosts)
+
+    phases = []
+    if len(set(racks)) > 1:
+        for rack in range(max(racks) + 1):
+            egress = _uplink_aggregate(comm, link, racks, rack, True, cfg, payload)
+            ingress = _uplink_aggregate(comm, link, racks, rack, False, cfg, payload)
+            phases.append({"rack": rack, "egress_gbps": round(egress["gbps"], 4),
+                           "ingress_gbps": round(ingress["gbps"], 4), "flows": egress["flows"]})
+    contention: dict[str, Any] = dict(classify_contention(
+        bandwidth_gbps, racks, [p["egress_gbps"] for p in phases] if phases else None, hosts=hosts))
+    contention["uplink_aggregates"] = phases
+    return ProbeResult(hosts=hosts, latency_us=latency_us, bandwidth_gbps=bandwidth_gbps, racks=racks,
+                       contention=contention, rounds=len(rounds), started_at=started_at)
