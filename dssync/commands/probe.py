@@ -70,14 +70,15 @@ def run(args: argparse.Namespace) -> int:
         latency_us=result.latency_us, bandwidth_gbps=result.bandwidth_gbps,
         contention=result.contention,
     )
-    if args.plot:
-        plot_topology(topology, args.plot)
-    # The wall time runs from the process group being ready to the file being written.
+    # The wall time runs from the process group being ready to the file being written; the
+    # plot comes after, it is no part of probing.
     seconds = round(time.time() - result.started_at, 3)
     topology = dataclasses.replace(topology, probe={
         "backend": args.backend, "seconds": seconds, "message_bytes": cfg.message_bytes,
         "rounds": result.rounds})
     topology.save(args.out)
+    if args.plot:
+        plot_topology(topology, args.plot)
     uplinks = [u["rack"] for u in result.contention["uplinks"]]
     nics = [n["rank"] for n in result.contention["nics"]]
     print(f"wrote {args.out}: {topology.world_size} ranks, {topology.num_racks} racks "
