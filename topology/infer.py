@@ -91,8 +91,10 @@ def infer_racks(
     (nearest-neighbour) latency and cost. Ranks are clustered by average
     linkage (``scipy.cluster.hierarchy``) and two clusters are one rack while their average
     distance is at most ``1 + gap`` (default: within twice the typical nearest-neighbour
-    cost). Taking the worse of the two metrics catches a rack boundary that shows up in only
-    one of them (an uplink that adds latency but has spare bandwidth, or a shared uplink that
+    cost). A metric is used only when its own clustering separates cleanly (the 10th
+    percentile of distances between its clusters above the 90th percentile within them),
+    so a metric that is only noise is ignored. Taking the worse of the usable metrics catches
+    a rack boundary that shows up in only one of them (an uplink that adds latency but has spare bandwidth, or a shared uplink that
     throttles concurrent flows at no extra latency); average linkage keeps one noisy pair
     from splitting a rack or merging two. A uniform matrix, loopback included, stays within
     the cut and gives one rack.
@@ -112,16 +114,34 @@ def infer_racks(
     ratios = [_ratio_to_nearest(lat)]
     if bandwidth_gbps is not None:
         ratios.append(_ratio_to_nearest(_bandwidth_cost(_square("bandwidth_gbps", bandwidth_gbps, n))))
-    usable = [r for r in ratios if r is not None]
-    if not usable:
-        labels = [0] * n
-    else:
-        dist = np.maximum.reduce(usable)
-        tree = linkage(squareform(dist, checks=False), method="average")
-        labels = [int(x) for x in fcluster(tree, t=1.0 + gap, criterion="distance")]
+    # A metric speaks only if its clusters are clearly apart: on a busy host, ping-pong
+    # latency can be pure scheduling noise (hundreds of µs on some pairs), and taking the
+    # worse of a noisy metric and a clean one would split racks at random.
+    informative = [r for r in ratios if r is not None and _separated(r, _cluster(r, gap))]
+    labels = _cluster(np.maximum.reduce(informative), gap) if informative else [0] * n
     if hosts is not None:
         labels = _merge_by_host(labels, hosts)
     return renumber_racks(labels)
+
+
+def _cluster(dist: np.ndarray, gap: float) -> list[int]:
+    tree = linkage(squareform(dist, checks=False), method="average")
+    return [int(x) for x in fcluster(tree, t=1.0 + gap, criterion="distance")]
+
+
+def _separated(dist: np.ndarray, labels: list[int]) -> bool:
+    """Whether ``labels`` splits ``dist`` cleanly: more than one cluster, and the 10th
+    percentile of distances between clusters above the 90th percentile within them (racks
+    are a structure of the whole matrix, not of a few outlying pairs)."""
+    lab = np.asarray(labels)
+    if len(set(labels)) < 2:
+        return False
+    same = np.equal.outer(lab, lab)
+    off = ~np.eye(len(lab), dtype=bool)
+    within, between = dist[same & off], dist[~same]
+    if within.size == 0:
+        return True  # every rank alone, each one apart from all others
+    return float(np.percentile(between, 10)) > float(np.percentile(within, 90))
 
 
 def _merge_by_host(labels: list[int], hosts: Sequence[str]) -> list[int]:

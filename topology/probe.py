@@ -171,10 +171,13 @@ def _ping_pong(link: _Link, peer: int, lead: bool, cfg: ProbeConfig) -> float | 
 
 
 def _stream(link: _Link, peer: int, send: bool, cfg: ProbeConfig, payload: torch.Tensor) -> float | None:
-    """Sender-side Gbit/s: the best of the messages, each timed until the receiver's ack.
+    """Sender-side Gbit/s over all messages (total bits / total time), each timed until the
+    receiver's ack.
 
-    The best, for the same reason as the fastest round trip: a stall (a descheduled rank)
-    only lowers one message's rate, while a shaped link or a competing flow lowers them all.
+    The mean rate, not the best message: every pair of a round streams at the same time, so
+    flows that leave a rack together share its uplink for the whole round, and that sharing
+    is the only sign of an oversubscribed uplink whose single-flow rate equals a NIC's. The
+    best message would pick the moment the other flows had finished and hide it.
     """
     ack = torch.zeros(1, dtype=torch.uint8)
     rates = []
@@ -188,7 +191,7 @@ def _stream(link: _Link, peer: int, send: bool, cfg: ProbeConfig, payload: torch
         else:
             link.recv([payload], [peer], "bandwidth recv")
             link.send(ack, [peer], "bandwidth ack")
-    return max(rates) if send else None
+    return (len(rates) / sum(1 / r for r in rates)) if send else None
 
 
 def _latency_pair(link: _Link, rank: int, peer: int, cfg: ProbeConfig) -> dict[tuple[int, int], float]:
