@@ -59,7 +59,10 @@ SUBNET = "10.77"
 MASTER_PORT = 29500
 IPERF_BASE_PORT = 5201
 #: TCP streams per background flow: against one job flow, TCP's per-stream fairness leaves
-#: the job about 1/(1 + FLOW_STREAMS) of the contended link, a clear bottleneck.
+#: the job about 1/(1 + FLOW_STREAMS) of the contended link, a clear bottleneck. Flows run
+#: one way, out of the rack (or out of the worker): traffic of other tasks leaving a rack,
+#: which a probe can attribute to that rack's uplink; both ways would also double the CPU
+#: that two cores spend on background traffic.
 FLOW_STREAMS = 4
 
 
@@ -385,7 +388,7 @@ def _start_flow(c: Cluster, kind: str, index: int) -> dict:
     while True:  # the server needs a moment to listen
         client = subprocess.Popen(
             ["ip", "netns", "exec", source_ns, "iperf3", "-c", c.SINK_ADDR, "-p", str(port),
-             "-t", "86400", "--bidir", "-P", str(FLOW_STREAMS), "-i", "0"],
+             "-t", "86400", "-P", str(FLOW_STREAMS), "-i", "0"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         time.sleep(0.5)
         if client.poll() is None:
