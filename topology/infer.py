@@ -17,7 +17,7 @@ from scipy.spatial.distance import squareform
 
 __all__ = ["classify_contention", "infer_racks", "renumber_racks"]
 
-DEFAULT_RACK_GAP = 1.0
+DEFAULT_RACK_GAP = 0.5
 DEFAULT_SLOW_RATIO = 0.6
 
 
@@ -55,7 +55,7 @@ def _bandwidth_cost(bw: np.ndarray) -> np.ndarray:
     from looking like a rack of its own: only a path that is slower than both of its ends
     can be, and that is a shared link between racks.
     """
-    sym = (bw + bw.T) / 2.0
+    sym = np.maximum(bw, bw.T)  # the clearer direction: one-way contention is no rack edge
     np.fill_diagonal(sym, 0.0)
     best = sym.max(axis=1)
     scale = np.minimum.outer(best, best)
@@ -83,21 +83,23 @@ def infer_racks(
 ) -> list[int]:
     """The rack of every rank, racks numbered ``0..R-1`` in order of their lowest rank.
 
-    Rule: each pair gets a distance that says how many times worse than a typical
-    rack-mate it is, ``d = max(latency / L0, c / C0)`` (both directions averaged), where
-    ``c`` is the pair's bandwidth cost, the slower endpoint's best flow divided by the
-    pair's bandwidth (so a slow NIC, which slows all of a rank's flows alike, is no rack
-    boundary), and ``L0``, ``C0`` are the median over ranks of each rank's smallest
-    (nearest-neighbour) latency and cost. Ranks are clustered by average
+    Rule: for each metric, each pair gets a distance that says how many times worse than a
+    typical rack-mate it is, ``latency / L0`` or ``c / C0``, where ``c`` is the pair's
+    bandwidth cost, the slower endpoint's best flow divided by the pair's bandwidth in its
+    clearer direction (so a slow NIC, which slows all of a rank's flows alike, and one-way
+    contention are no rack boundary), and ``L0``, ``C0`` are the median over ranks of each
+    rank's smallest (nearest-neighbour) latency and cost. Ranks are clustered by average
     linkage (``scipy.cluster.hierarchy``) and two clusters are one rack while their average
-    distance is at most ``1 + gap`` (default: within twice the typical nearest-neighbour
-    cost). A metric is used only when its own clustering separates cleanly (the 10th
-    percentile of distances between its clusters above the 90th percentile within them),
-    so a metric that is only noise is ignored. Taking the worse of the usable metrics catches
-    a rack boundary that shows up in only one of them (an uplink that adds latency but has spare bandwidth, or a shared uplink that
-    throttles concurrent flows at no extra latency); average linkage keeps one noisy pair
-    from splitting a rack or merging two. A uniform matrix, loopback included, stays within
-    the cut and gives one rack.
+    distance is at most ``1 + gap`` (relative to the typical nearest-neighbour
+    cost; the default 0.5 splits racks whose cross traffic is 1.5x worse: two flows
+    sharing an uplink already halve it). A metric is used only when its own clustering
+    separates cleanly (the 10th percentile of distances between its clusters above the 90th percentile within them),
+    so a metric that is only noise is ignored; when both separate, bandwidth decides,
+    because under load latency measures queues (a saturated NIC or uplink adds
+    milliseconds to every round trip through it) more than racks. Latency decides when
+    bandwidth shows no structure (racks that differ only in distance). Average linkage keeps
+    one noisy pair from splitting a rack or merging two. A uniform matrix, loopback
+    included, gives one rack.
 
     ``hosts`` (hostname per rank) is a hint: ranks on the same host are one machine and so
     one rack; it merges clusters, it never splits them (a two-rank world, or a matrix with
@@ -118,7 +120,9 @@ def infer_racks(
     # latency can be pure scheduling noise (hundreds of µs on some pairs), and taking the
     # worse of a noisy metric and a clean one would split racks at random.
     informative = [r for r in ratios if r is not None and _separated(r, _cluster(r, gap))]
-    labels = _cluster(np.maximum.reduce(informative), gap) if informative else [0] * n
+    # Bandwidth first: under load, latency measures queues (a saturated NIC or uplink adds
+    # milliseconds to every round trip through it) more than it measures racks.
+    labels = _cluster(informative[-1], gap) if informative else [0] * n
     if hosts is not None:
         labels = _merge_by_host(labels, hosts)
     return renumber_racks(labels)
