@@ -391,8 +391,13 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
             ingress = _uplink_aggregate(comm, link, racks, rack, False, cfg, payload)
             phases.append({"rack": rack, "egress_gbps": round(egress["gbps"], 4),
                            "ingress_gbps": round(ingress["gbps"], 4), "flows": egress["flows"]})
+    # What one uncontended flow gets across racks: an uplink whose whole rack, sending at
+    # once, gets less than that (by the 0.6 rule) is carrying someone else's traffic.
+    cross = np.not_equal.outer(np.asarray(racks), np.asarray(racks))
+    single_flow = float(bandwidth_gbps[cross].max()) if cross.any() else None
     contention: dict[str, Any] = dict(classify_contention(
-        bandwidth_gbps, racks, [p["egress_gbps"] for p in phases] if phases else None, hosts=hosts))
+        bandwidth_gbps, racks, [p["egress_gbps"] for p in phases] if phases else None, hosts=hosts,
+        nominal_uplink_gbps=single_flow))
     contention["uplink_aggregates"] = phases
     return ProbeResult(hosts=hosts, latency_us=latency_us, bandwidth_gbps=bandwidth_gbps, racks=racks,
                        contention=contention, rounds=len(rounds), started_at=started_at)
