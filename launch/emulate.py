@@ -119,17 +119,9 @@ class Cluster:
     def sink_ns(self) -> str:
         return f"{self.name}-sink"
 
-    def rack_of(self, rank: int) -> int:
-        bound = 0
-        for rack, size in enumerate(self.rack_sizes):
-            bound += size
-            if rank < bound:
-                return rack
-        raise ValueError(f"rank {rank} is outside the {self.world_size} emulated workers")
-
     @staticmethod
     def worker_addr(rank: int) -> str:
-        return f"{SUBNET}.{rank // 250}.{rank % 250 + 1}" if rank >= 250 else f"{SUBNET}.0.{rank + 1}"
+        return f"{SUBNET}.0.{rank + 1}"  # up() allows at most 250 workers
 
     @staticmethod
     def bg_addr(rack: int) -> str:

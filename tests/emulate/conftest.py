@@ -10,7 +10,7 @@ def netns_support():
     try:
         emulate.check_support()
     except emulate.EmulationError as exc:
-        pytest.skip(f"network namespaces are impossible here: {exc}")
+        pytest.skip(reason=f"network namespaces are impossible here: {exc}")
 
 
 @pytest.fixture
