@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 import torch
 
+from dssync.errors import CommunicationError
+
 __all__ = ["Communicator", "Group", "Work"]
 
 Group = tuple[int, ...]
@@ -63,8 +65,6 @@ class Communicator(ABC):
 
     def check_member(self, group: Group | None) -> None:
         if group is not None and self.rank not in group:
-            from dssync.errors import CommunicationError
-
             raise CommunicationError(
                 f"rank {self.rank} called a collective on group {list(group)}, which it is not in"
             )

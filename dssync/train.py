@@ -16,11 +16,11 @@ import torch.nn.functional as F
 
 from dssync.collectives import Communicator
 from dssync.errors import ScheduleError, TopologyError
-from dssync.launch import run_ranks
+from dssync.launch import from_environ, run_ranks
 from dssync.schedule import Schedule
 from dssync.strategies import get_strategy
 from dssync.strategy import StrategyContext
-from dssync.tasks import build_task
+from dssync.tasks import TASKS, build_task
 from dssync.topology import Topology
 
 __all__ = ["TrainConfig", "summarize_comm", "train", "train_rank"]
@@ -49,6 +49,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         get_strategy(self.strategy)  # unknown names fail here, before any process starts
+        if self.task not in TASKS:
+            raise ValueError(f"unknown task {self.task!r}; choose one of: {', '.join(sorted(TASKS))}")
         for name in ("steps", "batch_size", "eval_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -148,8 +150,6 @@ def train(cfg: TrainConfig, *, nproc: int | None) -> dict[str, Any] | None:
 
     Returns rank 0's record; ``None`` on the other ranks of a launched job.
     """
-    from dssync.launch import from_environ
-
     launched = from_environ()
     world_size = launched.world_size if launched is not None else nproc
     if cfg.topology is not None and world_size is not None and cfg.topology.world_size != world_size:

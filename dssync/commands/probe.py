@@ -8,7 +8,9 @@ import time
 from pathlib import Path
 
 from dssync.commands._common import parse_rack_sizes
+from dssync.launch import from_environ, run_ranks
 from dssync.topology import Topology, Worker
+from dssync.topology.probe import BACKENDS, ProbeConfig, probe_rank
 
 __all__ = ["add_parser", "plot_topology", "run"]
 
@@ -19,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "infer the racks, measure each rack's uplink with all its members sending at once, "
                        "and write topology.json. Without a launcher, spawns --nproc local ranks; under "
                        "one (torchrun, dssync emulate run) runs one rank.")
-    p.add_argument("--backend", default="builtin", choices=("builtin", "iperf3"),
+    p.add_argument("--backend", default="builtin", choices=BACKENDS,
                    help="bandwidth between pairs: gloo messages (builtin, default) or iperf3 flows")
     p.add_argument("--out", required=True, metavar="FILE", help="where to write topology.json")
     p.add_argument("--plot", metavar="PNG", help="also draw the bandwidth matrix with the racks outlined")
@@ -38,9 +40,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dssync.launch import from_environ, run_ranks
-    from dssync.topology.probe import ProbeConfig, probe_rank
-
     if args.message_mb <= 0:
         raise ValueError(f"--message-mb must be positive, got {args.message_mb}")
     cfg = ProbeConfig(message_bytes=max(1, int(args.message_mb * 2**20)),

@@ -8,6 +8,7 @@ import sys
 
 from dssync._jsonfile import write_json
 from dssync.commands._common import add_topology_options, schedule_from_args, topology_from_args
+from dssync.launch import from_environ
 from dssync.strategies import REGISTRY
 from dssync.tasks import TASKS
 from dssync.train import TrainConfig, train
@@ -58,10 +59,6 @@ def run(args: argparse.Namespace) -> int:
         schedule=schedule_from_args(args), strategy_options=options, timeout_s=args.timeout,
         progress=not args.no_progress and sys.stderr.isatty(),
     )
-    if args.task not in TASKS:
-        raise ValueError(f"unknown task {args.task!r}; choose one of: {', '.join(sorted(TASKS))}")
-    from dssync.launch import from_environ
-
     nproc = args.nproc
     if nproc is None and from_environ() is None:
         nproc = topology.world_size if topology is not None else 8
