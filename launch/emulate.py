@@ -23,6 +23,7 @@ finds everything after a crash; it also sweeps any namespace with the cluster's 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -58,12 +59,18 @@ DEFAULT_NAME = "dss"
 SUBNET = "10.77"
 MASTER_PORT = 29500
 IPERF_BASE_PORT = 5201
-#: TCP streams per background flow: against one job flow, TCP's per-stream fairness leaves
-#: the job about 1/(1 + FLOW_STREAMS) of the contended link, a clear bottleneck. Flows run
+QUEUE_MS = 5  # tbf queue per shaped link, in ms at its rate
+#: TCP streams per background flow: TCP's per-stream fairness leaves k job flows about
+#: k/(k + FLOW_STREAMS) of the contended link, so even a whole rack of 4 or 5 workers sending
+#: at once keeps only about a third of its uplink: a clear bottleneck, as in the paper's
+#: contended scenarios. More streams cost no more CPU (the link's rate caps the bytes). Against
+#: a single flow behind a shallow queue, 4 or more streams starve it (a worker's own flow out
+#: of a NIC carrying 8 streams gets about 1% of it, measured here; 2 streams leave it about a
+#: third): ``contend(streams=2)`` models one other job sharing a NIC. Flows run
 #: one way, out of the rack (or out of the worker): traffic of other tasks leaving a rack,
 #: which a probe can attribute to that rack's uplink; both ways would also double the CPU
 #: that two cores spend on background traffic.
-FLOW_STREAMS = 4
+FLOW_STREAMS = 8
 
 
 class EmulationError(DssyncError):
@@ -128,6 +135,10 @@ class Cluster:
         return f"{SUBNET}.1.{rack + 1}"
 
     SINK_ADDR = f"{SUBNET}.2.1"
+
+    def rack_of(self, rank: int) -> int:
+        edges = list(itertools.accumulate(self.rack_sizes))
+        return next(r for r, edge in enumerate(edges) if rank < edge)
 
     def namespaces(self) -> list[str]:
         return ([self.fabric, self.sink_ns] + [self.worker_ns(r) for r in range(self.world_size)]
@@ -212,10 +223,15 @@ def _existing(prefix: str) -> list[str]:
 
 # -- shaping ---------------------------------------------------------------------------------
 def _shape(ns: str, dev: str, bits_per_s: int) -> None:
-    """``tbf`` on ``dev``'s egress; burst covers a 64 KiB GSO segment and about 2 ms."""
+    """``tbf`` on ``dev``'s egress; burst covers a 64 KiB GSO segment and about 2 ms.
+
+    The queue holds at most ``QUEUE_MS`` of traffic, a shallow switch buffer: a deep one
+    (tens of ms) would delay the ACKs that cross a contended link the other way, and slow
+    the clear direction as much as the contended one.
+    """
     burst = max(65536 + 1514, bits_per_s // 8 // 500)
     _tc(ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", format_rate(bits_per_s),
-        "burst", str(burst), "latency", "50ms")
+        "burst", str(burst), "latency", f"{QUEUE_MS}ms")
 
 
 def _shape_nic(c: Cluster, rank: int) -> None:
@@ -328,8 +344,12 @@ def leftovers(name: str = DEFAULT_NAME) -> list[str]:
 # -- contention ------------------------------------------------------------------------------
 def contend(*, name: str = DEFAULT_NAME, rack: int | None = None, uplink: str | None = None,
             rank: int | None = None, nic: str | None = None,
-            flows: Sequence[tuple[str, int]] = (), clear: bool = False) -> Cluster:
-    """Lower an uplink or NIC rate, start background flows, or ``clear`` all of it."""
+            flows: Sequence[tuple[str, int]] = (), streams: int = FLOW_STREAMS,
+            clear: bool = False) -> Cluster:
+    """Lower an uplink or NIC rate, start background flows of ``streams`` TCP streams each,
+    or ``clear`` all of it."""
+    if streams < 1:
+        raise ValueError(f"a background flow needs at least one stream, got {streams}")
     c = load_state(name)
     if clear:
         for flow in c.flows:
@@ -350,37 +370,43 @@ def contend(*, name: str = DEFAULT_NAME, rack: int | None = None, uplink: str | 
         c.nic_override[rank] = parse_rate(nic)
         _shape_nic(c, rank)
     for kind, index in flows:
-        c.flows.append(_start_flow(c, kind, index))
+        c.flows.append(_start_flow(c, kind, index, streams))
     _save(c)
     return c
 
 
 def parse_flow(text: str) -> tuple[str, int]:
-    """``rack:0`` (across rack 0's uplink) or ``rank:4`` (through worker 4's NIC)."""
-    m = re.fullmatch(r"(rack|rank):(\d+)", text.strip())
+    """``rack:0`` (across rack 0's uplink), ``rank:4`` (through worker 4's NIC and its rack's
+    uplink) or ``nic:4`` (through worker 4's NIC only, to a host in its own rack)."""
+    m = re.fullmatch(r"(rack|rank|nic):(\d+)", text.strip())
     if not m:
-        raise ValueError(f"cannot read flow {text!r}; write rack:I (across rack I's uplink) "
-                         "or rank:I (through worker I's NIC and its rack's uplink)")
+        raise ValueError(f"cannot read flow {text!r}; write rack:I (across rack I's uplink), "
+                         "rank:I (through worker I's NIC and its rack's uplink) or nic:I (through "
+                         "worker I's NIC only)")
     return m.group(1), int(m.group(2))
 
 
-def _start_flow(c: Cluster, kind: str, index: int) -> dict:
+def _start_flow(c: Cluster, kind: str, index: int, streams: int) -> dict:
     if shutil.which("iperf3") is None:
         raise EmulationError("background flows need iperf3; install it (apt-get install iperf3)")
     if kind == "rack" and not 0 <= index < len(c.rack_sizes):
         raise ValueError(f"flow rack:{index}: racks are 0..{len(c.rack_sizes) - 1}")
-    if kind == "rank" and not 0 <= index < c.world_size:
-        raise ValueError(f"flow rank:{index}: ranks are 0..{c.world_size - 1}")
+    if kind in ("rank", "nic") and not 0 <= index < c.world_size:
+        raise ValueError(f"flow {kind}:{index}: ranks are 0..{c.world_size - 1}")
     port = IPERF_BASE_PORT + len(c.flows)
-    server = subprocess.Popen(["ip", "netns", "exec", c.sink_ns, "iperf3", "-s", "-p", str(port)],
+    # rack and rank flows leave the rack for the sink on the spine; a nic flow stays in the
+    # worker's rack, ending at that rack's background host.
+    sink_ns, sink_addr = ((c.bg_ns(c.rack_of(index)), c.bg_addr(c.rack_of(index))) if kind == "nic"
+                          else (c.sink_ns, c.SINK_ADDR))
+    server = subprocess.Popen(["ip", "netns", "exec", sink_ns, "iperf3", "-s", "-p", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
     source_ns = c.bg_ns(index) if kind == "rack" else c.worker_ns(index)
     deadline = time.monotonic() + 10
     while True:  # the server needs a moment to listen
         client = subprocess.Popen(
-            ["ip", "netns", "exec", source_ns, "iperf3", "-c", c.SINK_ADDR, "-p", str(port),
-             "-t", "86400", "-P", str(FLOW_STREAMS), "-i", "0"],
+            ["ip", "netns", "exec", source_ns, "iperf3", "-c", sink_addr, "-p", str(port),
+             "-t", "86400", "-P", str(streams), "-i", "0"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         time.sleep(0.5)
         if client.poll() is None:
@@ -389,7 +415,8 @@ def _start_flow(c: Cluster, kind: str, index: int) -> dict:
             server.kill()
             raise EmulationError(f"background flow {kind}:{index} did not start: "
                                  f"{client.stderr.read().decode().strip()}")
-    return {"kind": kind, "index": index, "port": port, "pids": [server.pid, client.pid]}
+    return {"kind": kind, "index": index, "streams": streams, "port": port,
+            "pids": [server.pid, client.pid]}
 
 
 def _kill_flow(flow: dict) -> None:

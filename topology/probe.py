@@ -49,17 +49,21 @@ _TAG = 0x5D5  # probe messages on their own tag, apart from any other send/recv 
 class ProbeConfig:
     """What to send. Defaults measure a real network; tests shrink them to stay fast."""
 
-    message_bytes: int = 4 * 2**20
-    bandwidth_reps: int = 3
+    message_bytes: int = 2**19
+    bandwidth_seconds: float = 0.25
     latency_reps: int = 20
     latency_bytes: int = 8
+    latency_seconds: float = 0.1
     timeout_s: float = 60.0
     iperf_seconds: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("message_bytes", "bandwidth_reps", "latency_reps", "latency_bytes", "iperf_seconds"):
+        for name in ("message_bytes", "latency_reps", "latency_bytes", "iperf_seconds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"probe {name} must be at least 1, got {getattr(self, name)}")
+        for name in ("bandwidth_seconds", "latency_seconds"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"probe {name} must be positive, got {getattr(self, name)}")
         if self.timeout_s <= 0:
             raise ValueError(f"probe timeout must be positive seconds, got {self.timeout_s}")
 
@@ -153,45 +157,67 @@ def _ping_pong(link: _Link, peer: int, lead: bool, cfg: ProbeConfig) -> float | 
 
     The fastest, not the median, round trip: queueing and scheduling only ever add delay, and
     on an oversubscribed machine they add a lot (two concurrent pairs on a 2-core VM: median
-    RTT 4 ms, one scheduler tick, against a fastest of 0.1 to 0.4 ms, measured here).
+    RTT 4 ms, one scheduler tick, against a fastest of 0.1 to 0.4 ms, measured here). At most
+    ``cfg.latency_reps`` round trips, and no more once ``cfg.latency_seconds`` have passed (a
+    path through a saturated queue has ms round trips); the first byte of each ping tells
+    the follower whether another follows.
     """
-    buf = torch.zeros(cfg.latency_bytes, dtype=torch.uint8)
-    rtts = []
-    for k in range(cfg.latency_reps + 1):  # the first exchange warms the connection up
-        if lead:
-            t0 = time.perf_counter()
-            link.send(buf, [peer], "latency ping")
-            link.recv([buf], [peer], "latency pong")
-            if k:
-                rtts.append(time.perf_counter() - t0)
-        else:
+    buf = torch.zeros(max(1, cfg.latency_bytes), dtype=torch.uint8)
+    if not lead:
+        while True:
             link.recv([buf], [peer], "latency ping")
+            more = buf[0].item() != 0
             link.send(buf, [peer], "latency pong")
-    return min(rtts) / 2 * 1e6 if lead else None
+            if not more:
+                return None
+    rtts: list[float] = []
+    start = time.perf_counter()
+    for k in range(cfg.latency_reps + 1):  # the first exchange warms the connection up
+        last = k == cfg.latency_reps or (k > 0 and time.perf_counter() - start >= cfg.latency_seconds)
+        buf[0] = 0 if last else 1
+        t0 = time.perf_counter()
+        link.send(buf, [peer], "latency ping")
+        link.recv([buf], [peer], "latency pong")
+        if k:
+            rtts.append(time.perf_counter() - t0)
+        if last:
+            break
+    return min(rtts) / 2 * 1e6
 
 
 def _stream(link: _Link, peer: int, send: bool, cfg: ProbeConfig, payload: torch.Tensor) -> float | None:
-    """Sender-side Gbit/s over all messages (total bits / total time), each timed until the
-    receiver's ack.
+    """Sender-side Gbit/s of a timed stream (``iperf3 -t`` style), ``None`` on the receiver.
 
-    The mean rate, not the best message: every pair of a round streams at the same time, so
-    flows that leave a rack together share its uplink for the whole round, and that sharing
-    is the only sign of an oversubscribed uplink whose single-flow rate equals a NIC's. The
-    best message would pick the moment the other flows had finished and hide it.
+    After one untimed warm-up message (TCP slow start, socket buffers), the sender sends
+    ``payload``-sized messages back to back for ``cfg.bandwidth_seconds``; the first byte of
+    each message tells the receiver whether another follows, and the receiver's ack of the
+    last one stops the clock. A fixed duration, not a fixed byte count: every pair of a round
+    streams for the same span, so flows that leave a rack together share its uplink for all
+    of it (the only sign, pairwise, of an oversubscribed uplink whose single-flow rate equals
+    a NIC's), and the figure measures what ``iperf3 -t`` measures over the same round.
     """
     ack = torch.zeros(1, dtype=torch.uint8)
-    rates = []
-    for k in range(cfg.bandwidth_reps + 1):  # one warm-up message: TCP slow start, buffers
-        if send:
-            t0 = time.perf_counter()
-            link.send(payload, [peer], "bandwidth send")
-            link.recv([ack], [peer], "bandwidth ack")
-            if k:
-                rates.append(payload.numel() * 8 / (time.perf_counter() - t0) / 1e9)
-        else:
+    if not send:
+        link.recv([payload], [peer], "bandwidth warm-up")
+        while True:
             link.recv([payload], [peer], "bandwidth recv")
-            link.send(ack, [peer], "bandwidth ack")
-    return (len(rates) / sum(1 / r for r in rates)) if send else None
+            if payload[0].item() == 0:
+                break
+        link.send(ack, [peer], "bandwidth ack")
+        return None
+    payload[0] = 1
+    link.send(payload, [peer], "bandwidth warm-up")
+    t0 = time.perf_counter()
+    sent = 0
+    while True:
+        last = time.perf_counter() - t0 >= cfg.bandwidth_seconds
+        payload[0] = 0 if last else 1
+        link.send(payload, [peer], "bandwidth send")
+        sent += 1
+        if last:
+            break
+    link.recv([ack], [peer], "bandwidth ack")
+    return sent * payload.numel() * 8 / (time.perf_counter() - t0) / 1e9
 
 
 def _latency_pair(link: _Link, rank: int, peer: int, cfg: ProbeConfig) -> dict[tuple[int, int], float]:
@@ -301,26 +327,42 @@ def interface_address(ifname: str) -> str:
 
 def _concurrent_phase(link: _Link, rank: int, flows: list[tuple[int, int]], outbound: bool,
                       cfg: ProbeConfig, payload: torch.Tensor, what: str) -> float:
-    """Run every flow at once; return this rank's sending time (0.0 if it sends nothing)."""
+    """Run every flow at once for ``cfg.bandwidth_seconds``; return the Gbit/s this rank sent.
+
+    The timed-stream protocol of ``_stream``, one stream per flow, all posted together: a
+    source sends one message to each of its sinks per step, a sink receives from each source
+    that has not yet sent its last message. Timed, not a fixed byte count, so a flow held
+    back by a slow NIC sends less instead of keeping the others' clock running.
+    """
     src_dst = flows if outbound else [(b, a) for a, b in flows]
     dsts = [d for s, d in src_dst if s == rank]
     srcs = [s for s, d in src_dst if d == rank]
-    sinks = [torch.empty_like(payload) for _ in srcs]
-    ack = torch.zeros(1, dtype=torch.uint8)
+    acks = [torch.zeros(1, dtype=torch.uint8) for _ in dsts]
+    if srcs:
+        sinks = {s: torch.empty_like(payload) for s in srcs}
+        live = list(srcs)
+        first = True
+        while live:
+            link.recv([sinks[s] for s in live], live, what)
+            if not first:  # the warm-up message carries no verdict
+                live = [s for s in live if sinks[s][0].item() != 0]
+            first = False
+        link.send(torch.zeros(1, dtype=torch.uint8), srcs, f"{what} ack")  # every source's last message has arrived
+    if not dsts:
+        return 0.0
+    payload[0] = 1
+    link.send(payload, dsts, f"{what} warm-up")
     t0 = time.perf_counter()
-    # Sends and receives are posted together: a rank may be source of one flow and sink of another.
-    works: list[tuple[Any, int]] = []
-    for _ in range(cfg.bandwidth_reps):
-        works += [(link._start(dist.isend, payload, d, what), d) for d in dsts]
-        works += [(link._start(dist.irecv, t, s, what), s) for t, s in zip(sinks, srcs, strict=True)]
-        link._wait(works, what)
-        works = []
-    # Acks: a send that completed may still sit in a socket buffer; the sink's ack closes it.
-    acks_in = [torch.zeros(1, dtype=torch.uint8) for _ in dsts]
-    works += [(link._start(dist.isend, ack, s, f"{what} ack"), s) for s in srcs]
-    works += [(link._start(dist.irecv, t, d, f"{what} ack"), d) for t, d in zip(acks_in, dsts, strict=True)]
-    link._wait(works, f"{what} ack")
-    return time.perf_counter() - t0 if dsts else 0.0
+    sent = 0
+    while True:
+        last = time.perf_counter() - t0 >= cfg.bandwidth_seconds
+        payload[0] = 0 if last else 1
+        link.send(payload, dsts, what)
+        sent += len(dsts)
+        if last:
+            break
+    link.recv(acks, dsts, f"{what} ack")
+    return sent * payload.numel() * 8 / (time.perf_counter() - t0) / 1e9
 
 
 def _uplink_aggregate(comm: Communicator, link: _Link, racks: list[int], rack: int, outbound: bool,
@@ -329,9 +371,7 @@ def _uplink_aggregate(comm: Communicator, link: _Link, racks: list[int], rack: i
     comm.barrier()
     direction = "egress" if outbound else "ingress"
     mine = _concurrent_phase(link, comm.rank, flows, outbound, cfg, payload, f"rack {rack} {direction}")
-    elapsed = max(comm.allgather_object(mine))
-    total_bits = len(flows) * cfg.bandwidth_reps * payload.numel() * 8
-    return {"gbps": total_bits / elapsed / 1e9 if elapsed > 0 else 0.0, "flows": len(flows)}
+    return {"gbps": float(sum(comm.allgather_object(mine))), "flows": len(flows)}
 
 
 def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
@@ -391,13 +431,8 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
             ingress = _uplink_aggregate(comm, link, racks, rack, False, cfg, payload)
             phases.append({"rack": rack, "egress_gbps": round(egress["gbps"], 4),
                            "ingress_gbps": round(ingress["gbps"], 4), "flows": egress["flows"]})
-    # What one uncontended flow gets across racks: an uplink whose whole rack, sending at
-    # once, gets less than that (by the 0.6 rule) is carrying someone else's traffic.
-    cross = np.not_equal.outer(np.asarray(racks), np.asarray(racks))
-    single_flow = float(bandwidth_gbps[cross].max()) if cross.any() else None
     contention: dict[str, Any] = dict(classify_contention(
-        bandwidth_gbps, racks, [p["egress_gbps"] for p in phases] if phases else None, hosts=hosts,
-        nominal_uplink_gbps=single_flow))
+        bandwidth_gbps, racks, [p["egress_gbps"] for p in phases] if phases else None, hosts=hosts))
     contention["uplink_aggregates"] = phases
     return ProbeResult(hosts=hosts, latency_us=latency_us, bandwidth_gbps=bandwidth_gbps, racks=racks,
                        contention=contention, rounds=len(rounds), started_at=started_at)

@@ -36,8 +36,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--rank", type=int)
     c.add_argument("--nic", metavar="RATE", help="new NIC rate of --rank")
     c.add_argument("--flows", nargs="+", default=[], metavar="FLOW",
-                   help="background iperf3 flows: rack:I (across rack I's uplink), rank:I "
+                   help="background iperf3 flows: rack:I (across rack I's uplink), nic:I (through "
+                   "worker I's NIC only), rank:I "
                    "(through worker I's NIC and its rack's uplink)")
+    c.add_argument("--streams", type=int, default=None,
+                   help="TCP streams per background flow (default 8: traffic of many tasks; 2 leaves "
+                   "a worker about a third of a shared NIC)")
     c.add_argument("--clear", action="store_true", help="stop all flows, restore all rates first")
     c.set_defaults(run=_contend)
 
@@ -88,11 +92,13 @@ def _contend(args: argparse.Namespace) -> int:
     flows = [emulate.parse_flow(f) for f in args.flows]
     if not (args.clear or args.uplink or args.nic or flows):
         raise ValueError("say what to change: --rack I --uplink RATE, --rank I --nic RATE, "
-                         "--flows rack:I|rank:I, or --clear")
+                         "--flows rack:I|rank:I|nic:I, or --clear")
+    streams = emulate.FLOW_STREAMS if args.streams is None else args.streams
     c = emulate.contend(name=args.name, rack=args.rack, uplink=args.uplink, rank=args.rank,
-                        nic=args.nic, flows=flows, clear=args.clear)
+                        nic=args.nic, flows=flows, streams=streams, clear=args.clear)
+    flows_now = [f"{f['kind']}:{f['index']} x{f.get('streams', '?')}" for f in c.flows]
     print(f"contention on {args.name!r}: uplinks {c.uplink_override or 'nominal'}, "
-          f"NICs {c.nic_override or 'nominal'}, flows {[f['kind'] + ':' + str(f['index']) for f in c.flows]}")
+          f"NICs {c.nic_override or 'nominal'}, flows {flows_now}")
     return 0
 
 

@@ -27,10 +27,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", metavar="PNG", help="also draw the bandwidth matrix with the racks outlined")
     p.add_argument("--nproc", type=int, default=None,
                    help="local ranks to spawn (default 2 without a launcher; omit under one)")
-    p.add_argument("--message-mb", type=float, default=4.0,
+    p.add_argument("--message-mb", type=float, default=0.5,
                    help="bandwidth message size in MiB (default %(default)s)")
-    p.add_argument("--bandwidth-reps", type=int, default=3, help="timed messages per direction")
-    p.add_argument("--latency-reps", type=int, default=20, help="timed round trips per direction")
+    p.add_argument("--bandwidth-seconds", type=float, default=0.25,
+                   help="seconds each timed stream lasts: a direction of a pair (builtin backend) "
+                   "and each uplink phase (default %(default)s)")
+    p.add_argument("--latency-reps", type=int, default=20,
+                   help="timed round trips per direction, at most (default %(default)s)")
+    p.add_argument("--latency-seconds", type=float, default=0.1,
+                   help="no more round trips after this long, per direction (default %(default)s)")
     p.add_argument("--iperf-seconds", type=int, default=1, help="iperf3 -t per direction (iperf3 backend)")
     p.add_argument("--rack-sizes", type=parse_rack_sizes, metavar="A,B,...",
                    help="known racks of consecutive ranks, instead of inferring them (the uplink "
@@ -43,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     if args.message_mb <= 0:
         raise ValueError(f"--message-mb must be positive, got {args.message_mb}")
     cfg = ProbeConfig(message_bytes=max(1, int(args.message_mb * 2**20)),
-                      bandwidth_reps=args.bandwidth_reps, latency_reps=args.latency_reps,
+                      bandwidth_seconds=args.bandwidth_seconds,
+                      latency_seconds=args.latency_seconds, latency_reps=args.latency_reps,
                       timeout_s=args.timeout, iperf_seconds=args.iperf_seconds)
     if args.plot and Path(args.plot).suffix.lower() != ".png":
         raise ValueError(f"--plot writes a PNG; give a file name ending in .png, got {args.plot!r}")

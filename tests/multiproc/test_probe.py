@@ -14,7 +14,7 @@ from dssync.launch import run_ranks
 from dssync.topology import Topology
 from dssync.topology.probe import cross_rack_flows, round_robin_rounds
 
-SMALL = ("--message-mb", "0.0625", "--bandwidth-reps", "2", "--latency-reps", "5", "--timeout", "60")
+SMALL = ("--message-mb", "0.0625", "--bandwidth-seconds", "0.05", "--latency-reps", "5", "--timeout", "60")
 
 
 def dssync(*args):
