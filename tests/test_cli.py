@@ -89,3 +89,13 @@ def test_train_writes_the_json_contract(tmp_path):
     assert len(record["comm_ms_samples"]) == 120 and record["comm_ms_per_iter"] > 0
     change = record["schedule_changes"][0]
     assert change["step"] == 0 and Schedule.from_dict(change["schedule"]).world_size == 4
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--slow-nic", "fast"], "--slow-nic wants RANK:RATE"),
+    (["--seconds", "0"], "--seconds must be at least 1"),
+])
+def test_probe_backends_rejects_bad_input_before_building_anything(args, needle):
+    proc = dssync("bench", "probe-backends", *args)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert needle in proc.stderr

@@ -56,6 +56,8 @@ class ProbeConfig:
     latency_seconds: float = 0.1
     timeout_s: float = 60.0
     iperf_seconds: int = 1
+    iperf_omit: int = 0  # iperf3 -O: seconds of each test not counted (slow start)
+    isolated: bool = False  # one pair at a time: N(N-1)/2 rounds, nothing shared
 
     def __post_init__(self) -> None:
         for name in ("message_bytes", "latency_reps", "latency_bytes", "iperf_seconds"):
@@ -66,6 +68,8 @@ class ProbeConfig:
                 raise ValueError(f"probe {name} must be positive, got {getattr(self, name)}")
         if self.timeout_s <= 0:
             raise ValueError(f"probe timeout must be positive seconds, got {self.timeout_s}")
+        if self.iperf_omit < 0:
+            raise ValueError(f"probe iperf_omit must be 0 or more seconds, got {self.iperf_omit}")
 
 
 @dataclass(frozen=True)
@@ -231,21 +235,16 @@ def _latency_pair(link: _Link, rank: int, peer: int, cfg: ProbeConfig) -> dict[t
     return out
 
 
-def _bandwidth_pair(link: _Link, rank: int, peer: int, cfg: ProbeConfig, payload: torch.Tensor,
-                    iperf: _Iperf3 | None) -> dict[tuple[int, int], float]:
-    """``{(src, dst): Gbit/s}`` for the directions this rank timed."""
+def _bandwidth_pair(link: _Link, rank: int, peer: int, upward: bool, cfg: ProbeConfig,
+                    payload: torch.Tensor, iperf: _Iperf3 | None) -> dict[tuple[int, int], float]:
+    """``{(src, dst): Gbit/s}`` for the one direction this rank timed: from the lower rank to
+    the higher if ``upward``, else back. With iperf3 the lower rank runs the client both ways
+    (``-R`` for the way back) and the higher rank's server answers."""
     low = rank < peer
-    if iperf is not None:  # the lower rank runs the client both ways; the higher rank's server answers
-        if not low:
-            return {}
-        return {(rank, peer): iperf.client(peer, reverse=False),
-                (peer, rank): iperf.client(peer, reverse=True)}
-    out = {}
-    for send in (low, not low):
-        value = _stream(link, peer, send, cfg, payload)
-        if value is not None:
-            out[rank, peer] = value
-    return out
+    if iperf is not None:
+        return {((rank, peer) if upward else (peer, rank)): iperf.client(peer, reverse=not upward)} if low else {}
+    value = _stream(link, peer, low == upward, cfg, payload)
+    return {} if value is None else {(rank, peer): value}
 
 
 class _Iperf3:
@@ -268,7 +267,8 @@ class _Iperf3:
     def client(self, peer: int, *, reverse: bool) -> float:
         """Gbit/s from this rank to ``peer`` (``reverse``: from ``peer`` to this rank)."""
         addr, port = self.peers[peer]
-        argv = ["iperf3", "-c", addr, "-p", str(port), "-t", str(self.cfg.iperf_seconds), "-J",
+        argv = ["iperf3", "-c", addr, "-p", str(port), "-t", str(self.cfg.iperf_seconds),
+                "-O", str(self.cfg.iperf_omit), "-J",
                 *(["-R"] if reverse else [])]
         what = f"iperf3 {'-R ' if reverse else ''}client to {addr}:{port}"
         deadline = time.monotonic() + self.cfg.timeout_s
@@ -395,6 +395,8 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
     comm.barrier()
     payload = torch.zeros(cfg.message_bytes, dtype=torch.uint8)
     rounds = round_robin_rounds(n)
+    if cfg.isolated:  # every pair alone: what a path gives one flow, for comparing backends
+        rounds = [[pair] for pairs in rounds for pair in pairs]
     iperf = _Iperf3(comm, cfg, base_port) if backend == "iperf3" else None
     latency: dict[tuple[int, int], float] = {}
     bandwidth: dict[tuple[int, int], float] = {}
@@ -403,7 +405,10 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
             comm.barrier()  # every server started before any client connects
         # All latency rounds first, then all bandwidth rounds: a ping-pong next to another
         # pair's bulk transfer would time the CPU and the queues that transfer fills.
-        for kind in ("latency", "bandwidth"):
+        # Bandwidth one direction at a time, all pairs of a round together, a barrier after
+        # each: every flow of a direction starts together and shares what it shares for
+        # the whole of its stream, whichever backend times it.
+        for kind, upward in (("latency", True), ("bandwidth", True), ("bandwidth", False)):
             for pairs in rounds:
                 for a, b in pairs:
                     if rank in (a, b):
@@ -411,7 +416,7 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
                         if kind == "latency":
                             latency.update(_latency_pair(link, rank, peer, cfg))
                         else:
-                            bandwidth.update(_bandwidth_pair(link, rank, peer, cfg, payload, iperf))
+                            bandwidth.update(_bandwidth_pair(link, rank, peer, upward, cfg, payload, iperf))
                 comm.barrier()  # the next round's pairs must not overlap this one's
     finally:
         if iperf is not None:

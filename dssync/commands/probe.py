@@ -37,6 +37,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--latency-seconds", type=float, default=0.1,
                    help="no more round trips after this long, per direction (default %(default)s)")
     p.add_argument("--iperf-seconds", type=int, default=1, help="iperf3 -t per direction (iperf3 backend)")
+    p.add_argument("--iperf-omit", type=int, default=0,
+                   help="iperf3 -O: seconds at the start of each test left out (TCP slow start)")
+    p.add_argument("--isolated", action="store_true",
+                   help="measure one pair at a time (N(N-1)/2 rounds instead of N-1): what each path "
+                   "gives a single flow, with nothing shared; for comparing backends")
     p.add_argument("--rack-sizes", type=parse_rack_sizes, metavar="A,B,...",
                    help="known racks of consecutive ranks, instead of inferring them (the uplink "
                    "phase still runs)")
@@ -50,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = ProbeConfig(message_bytes=max(1, int(args.message_mb * 2**20)),
                       bandwidth_seconds=args.bandwidth_seconds,
                       latency_seconds=args.latency_seconds, latency_reps=args.latency_reps,
-                      timeout_s=args.timeout, iperf_seconds=args.iperf_seconds)
+                      timeout_s=args.timeout, iperf_seconds=args.iperf_seconds, iperf_omit=args.iperf_omit,
+                      isolated=args.isolated)
     if args.plot and Path(args.plot).suffix.lower() != ".png":
         raise ValueError(f"--plot writes a PNG; give a file name ending in .png, got {args.plot!r}")
     for target in filter(None, (args.out, args.plot)):

@@ -112,3 +112,14 @@ def test_training_runs_across_the_emulated_racks(name, tmp_path):
     record = json.loads(out.read_text())
     assert record["world_size"] == 4 and len(record["comm_ms_samples"]) == 40
     assert log.getvalue().count('"strategy"') == 1  # rank 0 alone reports
+
+
+@pytest.mark.parametrize(("text", "flow"), [("rack:0", ("rack", 0)), ("rank:4", ("rank", 4)), ("nic:5", ("nic", 5))])
+def test_parse_flow(text, flow):
+    assert emulate.parse_flow(text) == flow
+
+
+@pytest.mark.parametrize("text", ["nic", "switch:1", "rack:-1", "rank:x"])
+def test_bad_flows(text):
+    with pytest.raises(ValueError, match="cannot read flow"):
+        emulate.parse_flow(text)
