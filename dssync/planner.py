@@ -8,6 +8,7 @@ the ``dssync plan`` command can verify a schedule against a topology.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import scipy.sparse
@@ -17,7 +18,7 @@ from dssync.errors import ScheduleError
 from dssync.schedule import Partition, Schedule
 from dssync.topology import Topology
 
-__all__ = ["check_static", "predict_round_ms", "static_plan"]
+__all__ = ["adjusted_plan", "check_adjusted", "check_static", "plan", "predict_round_ms", "static_plan"]
 
 #: Longest period for which racks of unequal size rotate in their exact least common
 #: multiple; beyond it (say racks of 7, 8, 9 and 11 ranks: lcm 5544) the plan uses a
@@ -71,6 +72,168 @@ def static_plan(
     if message_bytes is not None and topology.bandwidth_gbps is not None:
         predicted = float(np.mean([predict_round_ms(p, topology, message_bytes) for p in period]))
     return Schedule(world_size=topology.world_size, period=tuple(period), predicted_comm_ms=predicted)
+
+
+def plan(topology: Topology, *, max_period: int = DEFAULT_MAX_PERIOD,
+         message_bytes: int | None = None) -> Schedule:
+    """``adjusted_plan`` for the contention the topology records, ``static_plan`` without any."""
+    uplinks, nics = contended(topology)
+    if not uplinks and not nics:
+        return static_plan(topology, max_period=max_period, message_bytes=message_bytes)
+    return adjusted_plan(topology, slow_uplinks=uplinks, slow_nics=nics, max_period=max_period,
+                         message_bytes=message_bytes)
+
+
+def contended(topology: Topology) -> tuple[list[int], list[int]]:
+    """``(racks with a slow uplink, ranks with a slow NIC)`` from ``topology.contention``."""
+    contention = topology.contention or {}
+    return (sorted(int(u["rack"]) for u in contention.get("uplinks", [])),
+            sorted(int(n["rank"]) for n in contention.get("nics", [])))
+
+
+def adjusted_plan(
+    topology: Topology,
+    *,
+    slow_uplinks: Sequence[int] = (),
+    slow_nics: Sequence[int] = (),
+    max_period: int = DEFAULT_MAX_PERIOD,
+    message_bytes: int | None = None,
+) -> Schedule:
+    """``adjustGroups`` of the paper (section III-B.2 and B.3, Fig. 5 and 6).
+
+    Built on ``static_plan``'s rounds (one representative per rack, the rest of each rack an
+    intra-rack group), then:
+
+    * **Slow NIC of rank i** (Fig. 6): i is never its rack's representative; every round it
+      is in an intra-rack group of exactly two with a *regular* (uncontended) worker of its
+      rack, and that partner rotates. The rest of the rack's regular workers form the large
+      intra-rack group, from which both the partner and the representative are drawn in
+      turn, so the large group exchanges members with the pair and with the inter-rack
+      group. Several slow NICs in one rack each get a partner of their own. The paper does
+      this "if there are enough workers in the rack": a rack needs one regular worker more
+      than it has slow ones (one to represent it); slow workers beyond that, in rank order,
+      are planned as regular workers.
+    * **Slow uplink of rack r** (Fig. 5): r's representative is every round in an
+      inter-rack group of exactly two with the representative of a regular rack (one whose
+      uplink is clear), and that regular rack rotates; the other representatives form the
+      large inter-rack group. Several slow racks each get a regular partner, distinct
+      within a round; when slow racks outnumber regular ones, the slow racks take turns with
+      the regular partners and the rest pair up among themselves (any one left over sits
+      the round out across racks). With every uplink
+      slow there is nothing to keep apart and the inter-rack group stays whole.
+
+    The period is the least common multiple of the rotation lengths (each rack's number of
+    regular workers, and the number of regular racks) up to ``max_period`` rounds, else the
+    longest of them; when that does not mix (rho = 1), the rotations are shifted against
+    each other block by block (see the code), and if nothing mixes the plan is refused
+    with a ``ScheduleError``.
+    """
+    n = topology.world_size
+    racks = topology.racks()
+    for rack in slow_uplinks:
+        if not 0 <= rack < len(racks):
+            raise ScheduleError(f"slow uplink of rack {rack}: the topology has racks 0..{len(racks) - 1}")
+    for rank in slow_nics:
+        if not 0 <= rank < n:
+            raise ScheduleError(f"slow NIC of rank {rank}: the topology has ranks 0..{n - 1}")
+    if len(racks) == 1 and not slow_nics:
+        return static_plan(topology, max_period=max_period, message_bytes=message_bytes)
+    slow_set = set(slow_nics)
+    paired: list[list[int]] = []  # per rack: slow workers that get a partner
+    regular: list[list[int]] = []  # per rack: workers that rotate (represent, partner, large group)
+    for rack in racks:
+        slow = [i for i in rack if i in slow_set]
+        reg = [i for i in rack if i not in slow_set]
+        keep = slow[: max(0, len(reg) - (1 if len(racks) > 1 else 0))]
+        paired.append(keep)
+        regular.append(sorted(reg + [i for i in slow if i not in keep]))
+    slow_racks = sorted(set(slow_uplinks))
+    regular_racks = [r for r in range(len(racks)) if r not in slow_racks]
+    cycles = [len(reg) for reg in regular]
+    if slow_racks and regular_racks:
+        cycles.append(max(len(slow_racks), len(regular_racks)))
+    length = math.lcm(*cycles)
+    if length > max(max_period, max(cycles)):
+        length = max(cycles)
+    period = _adjusted_rounds(racks, regular, paired, slow_racks, regular_racks, length)
+    # Rotations of equal length run in lock step and can keep the same ranks apart forever
+    # (racks of two, where the intra-rack group is one worker). Then each rotation is
+    # shifted by its own offset every period-length block: first the static plan's
+    # ``block * index``, then seeded pseudo-random offsets over more blocks; the same
+    # seeds on every rank give every rank the same plan.
+    blocks = max(cycles)
+    shift = np.arange(blocks)[:, None] * np.arange(len(racks) + 1)[None, :]
+    for attempt in range(33):
+        if _connected(period, n):
+            break
+        if attempt:
+            blocks = max(cycles) * (1 + (attempt - 1) // 8)
+            shift = np.random.default_rng(attempt).integers(0, 2**20, size=(blocks, len(racks) + 1))
+        period = _adjusted_rounds(racks, regular, paired, slow_racks, regular_racks, length * blocks,
+                                  block=length, shift=shift)
+    if not _connected(period, n):
+        raise ScheduleError(
+            f"no mixing plan keeps slow uplinks {slow_racks} and slow NICs {sorted(slow_set)} in "
+            f"groups of two for racks {[len(r) for r in racks]}; drop a contention entry"
+        )
+    predicted = None
+    if message_bytes is not None and topology.bandwidth_gbps is not None:
+        predicted = float(np.mean([predict_round_ms(p, topology, message_bytes) for p in period]))
+    return Schedule(world_size=n, period=tuple(period), predicted_comm_ms=predicted)
+
+
+def _adjusted_rounds(racks: list[list[int]], regular: list[list[int]], paired: list[list[int]],
+                     slow_racks: list[int], regular_racks: list[int], length: int,
+                     *, block: int = 1, shift: np.ndarray | None = None) -> list[Partition]:
+    """Round ``t`` rotates rack ``r`` by ``t + shift[t // block, r]`` and the slow-rack
+    pairing by ``t + shift[t // block, len(racks)]`` (no shift when ``shift`` is None)."""
+    period: list[Partition] = []
+    multi = len(racks) > 1
+    for t in range(length):
+        groups: list[tuple[int, ...]] = []
+        reps: dict[int, int] = {}
+        for r, reg in enumerate(regular):
+            offset = t + (0 if shift is None else int(shift[t // block, r]))
+            order = [reg[(offset + k) % len(reg)] for k in range(len(reg))] if reg else []
+            if multi and order:
+                reps[r] = order.pop(0)
+            for slow in paired[r]:
+                groups.append((slow, order.pop(0)))
+            if order:
+                groups.append(tuple(sorted(order)))
+        if slow_racks and regular_racks:
+            # The more numerous side rotates past the other: each slow rack meets every
+            # regular rack in turn (or, with more slow racks, each regular rack every slow one).
+            offset = t + (0 if shift is None else int(shift[t // block, len(racks)]))
+            s, q = len(slow_racks), len(regular_racks)
+            slow = [slow_racks[(offset + j) % s] for j in range(s)] if s > q else list(slow_racks)
+            partners = [regular_racks[(offset + j) % q] for j in range(q)] if s <= q else list(regular_racks)
+            for u, p in zip(slow, partners, strict=False):
+                groups.append((reps.pop(u), reps.pop(p)))
+            left = [reps.pop(u) for u in slow[q:]]
+            groups += [tuple(left[k:k + 2]) for k in range(0, len(left), 2)]
+        if reps:
+            groups.append(tuple(sorted(reps.values())))
+        period.append(tuple(tuple(sorted(g)) for g in groups))
+    return period
+
+
+def check_adjusted(schedule: Schedule, topology: Topology, *, slow_uplinks: Sequence[int] = (),
+                   slow_nics: Sequence[int] = ()) -> None:
+    """Raise ``ScheduleError`` unless every contended representative and every contended
+    NIC is in a group of exactly two in every round: a slow rack's members meet other racks
+    only in pairs, and a slow worker only in a pair inside its own rack."""
+    slow_nic_set = set(slow_nics)
+    for t, partition in enumerate(schedule.period):
+        for group in partition:
+            crossing = len({topology.rack_of(r) for r in group}) > 1
+            for r in group:
+                if r in slow_nic_set and (len(group) > 2 or crossing):
+                    raise ScheduleError(f"round {t}: rank {r} has a slow NIC but is in {list(group)}; "
+                                        "it must be in a pair inside its rack")
+                if crossing and topology.rack_of(r) in slow_uplinks and len(group) > 2:
+                    raise ScheduleError(f"round {t}: rack {topology.rack_of(r)}'s uplink is slow but its "
+                                        f"representative {r} is in {list(group)}, not a pair")
 
 
 def _rotation(racks: list[list[int]], length: int, *, shifted: bool, block: int = 1) -> list[Partition]:

@@ -36,6 +36,20 @@ def test_plan_writes_a_schedule_that_loads(tmp_path):
     assert json.loads(out.read_text())["rho"] == pytest.approx(schedule.rho)
 
 
+def test_plan_adjusts_for_the_contention_a_topology_records(tmp_path):
+    topo = tmp_path / "topology.json"
+    data = Topology.from_rack_sizes([5, 3]).to_dict()
+    data["contention"] = {"uplinks": [{"rack": 0, "bandwidth_gbps": 0.2}],
+                          "nics": [{"rank": 4, "bandwidth_gbps": 0.3}]}
+    topo.write_text(json.dumps(data))
+    out = tmp_path / "schedule.json"
+    proc = dssync("plan", topo, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "adjusted for slow uplinks [0] and NICs [4]" in proc.stdout
+    schedule = Schedule.load(out)
+    assert all(len(next(g for g in p if 4 in g)) == 2 for p in schedule.period)
+
+
 @pytest.mark.parametrize(("content", "needle"), [
     ("{oops", "not valid JSON"),
     ('{"version": 1, "workers": [{"rank": 0, "rack": 0}, {"rank": 0, "rack": 0}]}', "duplicated ranks [0]"),

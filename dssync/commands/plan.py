@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from dssync.planner import DEFAULT_MAX_PERIOD, check_static, static_plan
+from dssync.planner import DEFAULT_MAX_PERIOD, check_adjusted, check_static, contended, plan
 from dssync.schedule import Schedule
 from dssync.topology import Topology
 
@@ -13,8 +13,10 @@ __all__ = ["add_parser", "print_schedule", "run"]
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="plan a divide-and-shuffle schedule for a topology",
-                       description="Read TOPOLOGY (topology.json), write the static divide-and-shuffle "
-                       "schedule (paper Fig. 4) as schedule.json.")
+                       description="Read TOPOLOGY (topology.json), write the divide-and-shuffle schedule as "
+                       "schedule.json: the static plan (paper Fig. 4), or, when the topology records "
+                       "slow uplinks or NICs, the adjusted plan that keeps them in groups of two "
+                       "(Fig. 5, 6).")
     p.add_argument("topology", metavar="TOPOLOGY", help="topology.json")
     p.add_argument("--out", required=True, metavar="FILE", help="where to write schedule.json")
     p.add_argument("--print", action="store_true", dest="show", help="also print the period as a table")
@@ -28,12 +30,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     topology = Topology.load(args.topology)
     message_bytes = None if args.message_mb is None else int(args.message_mb * 1e6)
-    schedule = static_plan(topology, max_period=args.max_period, message_bytes=message_bytes)
-    check_static(schedule, topology)
+    schedule = plan(topology, max_period=args.max_period, message_bytes=message_bytes)
+    uplinks, nics = contended(topology)
+    if uplinks or nics:
+        check_adjusted(schedule, topology, slow_uplinks=uplinks, slow_nics=nics)
+    else:
+        check_static(schedule, topology)
     schedule.save(args.out)
     if args.show:
         print_schedule(schedule, topology)
-    print(f"wrote {args.out}: {topology.world_size} ranks, {topology.num_racks} racks, "
+    kind = f"adjusted for slow uplinks {uplinks} and NICs {nics}" if uplinks or nics else "static"
+    print(f"wrote {args.out}: {topology.world_size} ranks, {topology.num_racks} racks, {kind}, "
           f"period {len(schedule.period)}, rho {schedule.rho:.4f}")
     return 0
 
@@ -44,7 +51,7 @@ def print_schedule(schedule: Schedule, topology: Topology) -> None:
 
     table = Table(title=f"divide-and-shuffle period (rho = {schedule.rho:.4f})")
     table.add_column("round", justify="right")
-    table.add_column("inter-rack group")
+    table.add_column("inter-rack groups")
     table.add_column("intra-rack groups")
     for t, partition in enumerate(schedule.period):
         crossing = [g for g in partition if len({topology.rack_of(r) for r in g}) > 1]

@@ -24,7 +24,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from dssync.errors import DssyncError, ScheduleError
 from dssync.flat import flatten_parameters
-from dssync.planner import static_plan
+from dssync.planner import plan
 from dssync.schedule import Schedule
 from dssync.strategy import Strategy, StrategyContext
 
@@ -47,7 +47,7 @@ class DSSyncStrategy(Strategy):
 
     def __init__(self, ctx: StrategyContext, config: Config | None = None) -> None:
         super().__init__(ctx, config)
-        schedule = ctx.schedule or static_plan(ctx.topology)
+        schedule = ctx.schedule or plan(ctx.topology)
         if schedule.world_size != self.comm.world_size:
             raise ScheduleError(
                 f"the schedule is for {schedule.world_size} ranks but this job has "
