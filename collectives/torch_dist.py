@@ -67,6 +67,11 @@ class _TorchWork:
             tensor.mul_(factor)
 
 
+#: Process groups one communicator may create. Groups are cached for the whole job
+#: (torch.distributed cannot free one cheaply), and online regrouping adds new ones.
+MAX_GROUPS = 1024
+
+
 class TorchCommunicator(Communicator):
     """Adapter for an initialised ``torch.distributed`` default process group."""
 
@@ -93,9 +98,14 @@ class TorchCommunicator(Communicator):
                 f"{self.rank} ({len(wanted)} groups); every rank must use the same schedule"
             )
         world = tuple(range(self.world_size))
-        for group in wanted:
-            if len(group) < 2 or group == world or group in self._groups:
-                continue
+        new = [g for g in wanted if len(g) >= 2 and g != world and g not in self._groups]
+        if len(self._groups) + len(new) > MAX_GROUPS:
+            raise CommunicationError(
+                f"rank {self.rank}: {len(self._groups)} process groups exist and {len(new)} more were "
+                f"asked for, over the bound of {MAX_GROUPS}; each holds sockets and threads on "
+                "every member, so plans must reuse groups (regroup less often)"
+            )
+        for group in new:
             if group[-1] >= self.world_size or group[0] < 0:
                 raise CommunicationError(
                     f"group {list(group)} names ranks outside the world of {self.world_size}"

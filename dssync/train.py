@@ -117,6 +117,12 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
     if rank != 0:
         return None
     comm_ms, per_iter = summarize_comm(samples, warmup=min(10, cfg.steps // 10))
+    changes = strategy.schedule_changes()
+    # Comm time under each schedule the run followed: the median of the per-iteration
+    # maxima over the iterations it was in force (the first few after a switch included).
+    edges = [c["step"] for c in changes] + [cfg.steps]
+    per_schedule = [{"from_step": a, "to_step": b, "comm_ms_per_iter": statistics.median(per_iter[a:b])}
+                    for a, b in zip(edges, edges[1:], strict=False) if b > a]
     return {
         "strategy": cfg.strategy,
         "task": cfg.task,
@@ -126,7 +132,8 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
         "best_accuracy": max(c["accuracy"] for c in curve),
         "wall_s": wall_s,
         "comm_ms_per_iter": comm_ms,
-        "schedule_changes": strategy.schedule_changes(),
+        "schedule_changes": changes,
+        "comm_ms_by_schedule": per_schedule,
         "curve": curve,
         "comm_ms_samples": per_iter,
         "config": {k: v for k, v in asdict(cfg).items()

@@ -15,7 +15,7 @@ import numpy as np
 from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import squareform
 
-__all__ = ["classify_contention", "infer_racks", "renumber_racks"]
+__all__ = ["DEFAULT_SLOW_RATIO", "classify_contention", "infer_racks", "renumber_racks", "slow_keys"]
 
 DEFAULT_RACK_GAP = 0.5
 DEFAULT_SLOW_RATIO = 0.6
@@ -176,7 +176,7 @@ def _merge_by_host(labels: list[int], hosts: Sequence[str]) -> list[int]:
     return [find(label) for label in labels]
 
 
-def _slow(values: dict[int, float], ratio: float) -> list[int]:
+def slow_keys(values: dict[int, float], ratio: float = DEFAULT_SLOW_RATIO) -> list[int]:
     """Keys whose value is below ``ratio`` times the median of the *other* keys' values."""
     out = []
     for key, value in values.items():
@@ -251,7 +251,7 @@ def classify_contention(
         through_nic[same_host] = 0.0
     nic_gbps = {i: float(min(through_nic[i].max(), through_nic[:, i].max()))
                 for i in range(n) if through_nic[i].any() and through_nic[:, i].any()}
-    slow_nics = _slow(nic_gbps, slow_ratio) if len(nic_gbps) > 2 else []
+    slow_nics = slow_keys(nic_gbps, slow_ratio) if len(nic_gbps) > 2 else []
 
     members = {r: [i for i in range(n) if racks[i] == r] for r in rack_ids}
     clear = [i for i in range(n) if i not in slow_nics]
@@ -272,7 +272,7 @@ def classify_contention(
             host_racks.setdefault(host, set()).add(rack)
         shared = set().union(*(rs for rs in host_racks.values() if len(rs) > 1))
         uplink = {r: v for r, v in uplink.items() if r not in shared}
-    slow_uplinks = _slow(uplink, slow_ratio) if len(uplink) > 1 else []
+    slow_uplinks = slow_keys(uplink, slow_ratio) if len(uplink) > 1 else []
     report = ({r: float(uplink_gbps_by_rack[r]) for r in rack_ids} if uplink_gbps_by_rack is not None
               else uplink)
     return {

@@ -34,6 +34,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--model-mb", type=float, default=1.0, help="model size of the synthetic task")
     p.add_argument("--ema-decay", type=float, default=None, help="ds-sync: decay of the local EMA model")
+    p.add_argument("--adjust-every", type=int, default=None, metavar="N",
+                   help="ds-sync: sense contention from group timings every N iterations and regroup "
+                   "(paper: 100; default off)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds any collective may wait")
     p.add_argument("--json", metavar="OUT", help="write the run's record as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -51,6 +54,10 @@ def run(args: argparse.Namespace) -> int:
         if args.strategy != "ds-sync":
             raise ValueError("--ema-decay applies to --strategy ds-sync only")
         options["ema_decay"] = args.ema_decay
+    if args.adjust_every is not None:
+        if args.strategy != "ds-sync":
+            raise ValueError("--adjust-every applies to --strategy ds-sync only")
+        options["adjust_every"] = args.adjust_every
     topology = topology_from_args(args)
     cfg = TrainConfig(
         strategy=args.strategy, task=args.task, steps=args.steps, seed=args.seed,

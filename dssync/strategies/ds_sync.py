@@ -15,6 +15,8 @@ world once; that ensemble is the model ds-sync hands back.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,9 +26,11 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from dssync.errors import DssyncError, ScheduleError
 from dssync.flat import flatten_parameters
-from dssync.planner import plan
+from dssync.planner import contended, plan
+from dssync.regroup import Record, sense_contention
 from dssync.schedule import Schedule
 from dssync.strategy import Strategy, StrategyContext
+from dssync.topology import Topology
 
 __all__ = ["DSSyncStrategy"]
 
@@ -39,9 +43,14 @@ class DSSyncStrategy(Strategy):
         ema_decay: float = 0.98
         """Decay of the local EMA (SWA) model: ``swa = decay * swa + (1 - decay) * model``."""
 
+        adjust_every: int = 0
+        """Regroup online every this many iterations from the group timings (0: never)."""
+
         def __post_init__(self) -> None:
             if not 0.0 <= self.ema_decay < 1.0:
                 raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
+            if self.adjust_every < 0:
+                raise ValueError(f"adjust_every must be 0 (off) or positive, got {self.adjust_every}")
 
     config: Config
 
@@ -54,7 +63,12 @@ class DSSyncStrategy(Strategy):
                 f"{self.comm.world_size}; plan it for the job's topology"
             )
         self.schedule: Schedule = schedule
+        self._schedule_start = 0  # the iteration at which self.schedule's round 0 ran
+        self._contention = contended(ctx.topology)
+        self._records: list[Record] = []
+        self._changes: list[dict[str, Any]] = [{"step": 0, "reason": "initial", "schedule": schedule.to_dict()}]
         self._flat = flatten_parameters(self.model)
+        self._nbytes = sum(f.numel() * f.element_size() for f in self._flat)
         self._views = [(p, p.data_ptr()) for p in self.model.parameters()]
         self.swa_model = AveragedModel(
             self.model, multi_avg_fn=get_ema_multi_avg_fn(self.config.ema_decay), use_buffers=True
@@ -83,14 +97,17 @@ class DSSyncStrategy(Strategy):
                 "them (vector_to_parameters, load_state_dict(assign=True), p.data = ...); "
                 "copy into them in place (p.copy_(...)) instead"
             )
-        group = self.schedule.group_of(self.comm.rank, step)
+        group = self.schedule.group_of(self.comm.rank, step - self._schedule_start)
         if len(group) == 1:
             return False
+        t0 = time.perf_counter()
         if len(self._flat) == 1:
             self.comm.allreduce_(self._flat[0], group, average=True)
         else:  # one buffer per dtype: start all, then wait, so they overlap
             for work in [self.comm.allreduce_async_(f, group, average=True) for f in self._flat]:
                 work.wait()
+        if self.config.adjust_every:
+            self._records.append((step, group, time.perf_counter() - t0))
         return True
 
     def _after_step(self, step: int) -> bool:
@@ -99,6 +116,47 @@ class DSSyncStrategy(Strategy):
     @torch.no_grad()
     def _after_comm(self, step: int) -> None:
         self.swa_model.update_parameters(self.model)
+        every = self.config.adjust_every
+        if every and (step + 1) % every == 0:
+            self.regroup(step + 1)
+
+    def _plan(self, topology: Topology) -> Schedule:
+        return plan(topology)
+
+    def regroup(self, next_step: int) -> bool:
+        """Sense contention from the window's group timings; switch plans at ``next_step``.
+
+        Collective. Every rank gathers every rank's records, so all compute the same answer
+        and the same plan; the plan's digest is still compared across ranks, and a mismatch
+        is an error, never a hang in mismatched groups. Returns whether the plan changed.
+        """
+        window = [rec for part in self.comm.allgather_object(self._records) for rec in part]
+        self._records = []
+        racks = [self.ctx.topology.rack_of(r) for r in range(self.comm.world_size)]
+        sensed = sense_contention(window, racks, self._nbytes, current=self._contention)
+        if sensed == self._contention:
+            return False
+        uplinks, nics = sensed
+        topology = dataclasses.replace(self.ctx.topology, contention={
+            "uplinks": [{"rack": r} for r in uplinks], "nics": [{"rank": i} for i in nics]})
+        try:
+            schedule = self._plan(topology)
+        except ScheduleError:
+            return False  # no plan keeps these apart and still mixes: stay on the current one
+        self._contention = sensed
+        digests = self.comm.allgather_object(schedule.digest())
+        if len(set(digests)) != 1:
+            raise ScheduleError(
+                f"rank {self.comm.rank}: ranks planned different schedules at iteration {next_step} "
+                f"(digest by rank: {dict(enumerate(digests))}); their timing records disagree"
+            )
+        if schedule.digest() == self.schedule.digest():
+            return False
+        self.comm.register_groups(schedule.distinct_groups())
+        self.schedule, self._schedule_start = schedule, next_step
+        reason = (f"slow uplinks {uplinks}, slow NICs {nics}" if uplinks or nics else "contention cleared")
+        self._changes.append({"step": next_step, "reason": reason, "schedule": schedule.to_dict()})
+        return True
 
     @torch.no_grad()
     def final_model(self) -> nn.Module:
@@ -115,4 +173,4 @@ class DSSyncStrategy(Strategy):
         return ensemble
 
     def schedule_changes(self) -> list[dict[str, Any]]:
-        return [{"step": 0, "reason": "initial", "schedule": self.schedule.to_dict()}]
+        return list(self._changes)

@@ -122,3 +122,58 @@ def test_schedule_for_another_world_size_is_rejected():
 
     with pytest.raises(ScheduleError, match="schedule is for 4 ranks but this job has 2"):
         FakeWorld(2).run(body)
+
+
+def _timed_records(schedule, steps, slow_rank, start=0):
+    """Records as a network with ``slow_rank``'s NIC at a quarter of the rate would give."""
+    out = []
+    for step in range(start, start + steps):
+        for group in schedule.partition_at(step - start):
+            if len(group) > 1:
+                seconds = 0.004 * (4 if slow_rank in group else 1)
+                # the highest rank arrives last and waits for nothing but the transfer
+                out += [(step, group, seconds * (1 + (r != max(group)))) for r in group]
+    return out
+
+
+def test_regroup_switches_every_rank_at_the_same_step_and_relaxes():
+    topo = Topology.from_rack_sizes([5, 3])
+
+    def body(comm):
+        strategy = DSSyncStrategy(StrategyContext(comm=comm, model=_seeded_linear(0), topology=topo),
+                                  DSSyncStrategy.Config(adjust_every=20))
+        strategy.setup()
+        # This rank's share of a window in which rank 4's NIC was slow.
+        window = [r for r in _timed_records(strategy.schedule, 20, slow_rank=4) if comm.rank in r[1]]
+        strategy._records = window
+        assert strategy.regroup(20)
+        paired = strategy.schedule
+        strategy.after_step(20)  # the new plan's round 0 runs at step 20
+        calm = [r for r in _timed_records(paired, 20, slow_rank=-1, start=20) if comm.rank in r[1]]
+        strategy._records = calm
+        assert strategy.regroup(40)
+        return paired.digest(), [(c["step"], c["reason"]) for c in strategy.schedule_changes()], \
+            strategy.schedule.digest()
+
+    out = FakeWorld(8).run(body)
+    assert len({o[0] for o in out}) == 1 and len({o[2] for o in out}) == 1
+    steps_reasons = out[0][1]
+    assert steps_reasons == [(0, "initial"), (20, "slow uplinks [], slow NICs [4]"), (40, "contention cleared")]
+    assert out[0][2] == static_plan(topo).digest()
+
+
+def test_ranks_whose_records_disagree_stop_with_an_error():
+    topo = Topology.from_rack_sizes([4, 4])
+
+    def body(comm):
+        strategy = DSSyncStrategy(StrategyContext(comm=comm, model=_seeded_linear(0), topology=topo),
+                                  DSSyncStrategy.Config(adjust_every=20))
+        strategy.setup()
+        if comm.rank == 0:  # as if rank 0 had planned otherwise from the same window
+            strategy._plan = lambda topology: Schedule(world_size=8, period=((tuple(range(8)),),))
+        strategy._records = [r for r in _timed_records(strategy.schedule, 20, slow_rank=1)
+                             if comm.rank in r[1]]
+        strategy.regroup(20)
+
+    with pytest.raises(ScheduleError, match="ranks planned different schedules at iteration 20"):
+        FakeWorld(8).run(body)

@@ -1,0 +1,82 @@
+"""Contention sensed from ds-sync's own group timings (paper section III-A, steps 3 and 4).
+
+Pure functions: every rank gathers the same records and computes the same answer, so
+all ranks switch to the same schedule at the same iteration without another vote.
+
+A record is ``(step, group, seconds)``: how long this rank's group allreduce took, from
+its call to its return. A member that arrives early also waits for the others to arrive,
+and on a busy machine that wait (a straggler's compute, or a delay carried over from its
+previous group) is often larger than the transfer itself: hundreds of ms against a few ms
+measured on the emulated cluster. The member that arrives last waits for nothing but the
+transfer, so a group's figure is the *shortest* time any member recorded, turned into an
+effective bandwidth ``2 (n - 1) / n * bytes / seconds`` (the allreduce lower bound of
+DESIGN section 7) so groups of different sizes compare.
+
+The rules are the prober's, applied to groups instead of pairs:
+
+* **NIC of rank i**: its best intra-rack group of the window (a group whose members are all
+  in its rack). A healthy worker has at least one group that did not include a slow
+  rack-mate; a worker whose NIC is shared is slow in every group it joins. Slow means
+  below ``slow_ratio`` times the median of the other workers' best.
+* **Uplink of rack r**: the best of the cross-rack groups that include a member of rack r,
+  slow by the same rule against the other racks. Under the static plan every cross-rack
+  group holds every rack, so all racks score alike and no uplink can be singled out from
+  timings alone: a slow uplink is then known only from the topology (``dssync probe``), and
+  is confirmed or cleared online once the adjusted plan pairs that rack apart and some
+  cross-rack group leaves it out (four racks or more; with three, the large inter-rack
+  group is a single representative, and the flag stays as the topology gave it).
+
+Contention that goes away shows as fast groups again, so the next window's answer drops
+it and the plan relaxes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from dssync.topology.infer import DEFAULT_SLOW_RATIO, slow_keys
+
+__all__ = ["Record", "group_bandwidths", "sense_contention"]
+
+Record = tuple[int, tuple[int, ...], float]
+
+
+def group_bandwidths(records: Iterable[Record], nbytes: int) -> dict[tuple[int, tuple[int, ...]], float]:
+    """``{(step, group): effective bytes/s}``, the group's time being its last arrival's."""
+    shortest: dict[tuple[int, tuple[int, ...]], float] = {}
+    for step, group, seconds in records:
+        key = (int(step), tuple(sorted(group)))
+        shortest[key] = min(shortest.get(key, float("inf")), float(seconds))
+    out = {}
+    for (step, group), seconds in shortest.items():
+        n = len(group)
+        if n >= 2 and seconds > 0:
+            out[step, group] = 2 * (n - 1) / n * nbytes / seconds
+    return out
+
+
+def sense_contention(records: Iterable[Record], racks: Sequence[int], nbytes: int, *,
+                     current: tuple[Sequence[int], Sequence[int]] = ((), ()),
+                     slow_ratio: float = DEFAULT_SLOW_RATIO) -> tuple[list[int], list[int]]:
+    """``(racks with a slow uplink, ranks with a slow NIC)`` from one window of records.
+
+    ``current`` is what the plan assumes now; a flag the window cannot judge (a rank with
+    no intra-rack group in it, a rack that was in every cross-rack group) is kept as is.
+    """
+    bandwidth = group_bandwidths(records, nbytes)
+    best_intra: dict[int, float] = {}
+    best_cross: dict[int, float] = {}
+    for (_, group), bw in bandwidth.items():
+        in_racks = {racks[r] for r in group}
+        if len(in_racks) == 1:
+            for r in group:
+                best_intra[r] = max(best_intra.get(r, 0.0), bw)
+        else:
+            for rack in in_racks:
+                best_cross[rack] = max(best_cross.get(rack, 0.0), bw)
+    nics = set(slow_keys(best_intra, slow_ratio)) if len(best_intra) > 2 else set()
+    nics |= {i for i in current[1] if i not in best_intra}
+    uplinks = set(slow_keys(best_cross, slow_ratio)) if len(best_cross) > 1 else set()
+    crossing = [{racks[r] for r in g} for (_, g) in bandwidth if len({racks[r] for r in g}) > 1]
+    uplinks |= {r for r in current[0] if all(r in seen for seen in crossing)}
+    return sorted(uplinks), sorted(nics)

@@ -1,0 +1,39 @@
+"""Online regrouping on the ``inter-rack+nic`` network: ds-sync, started from a racks-only
+topology, senses worker 4's shared NIC from its own group timings and pairs it."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dssync.launch import emulate
+from dssync.schedule import Schedule
+
+pytestmark = pytest.mark.emulate
+
+DSSYNC = str(Path(sys.executable).with_name("dssync"))
+
+
+def test_ds_sync_pairs_the_contended_nic_by_itself(name, tmp_path):
+    spec = emulate.SCENARIOS["inter-rack+nic"]
+    out = tmp_path / "run.json"
+    with emulate.cluster(spec["rack_sizes"], nic=spec["nic"], uplink=spec["uplink"], name=name):
+        emulate.contend(name=name, flows=spec["flows"])
+        proc = subprocess.run([DSSYNC, "emulate", "run", "--name", name, "--timeout", "400", "--",
+                               DSSYNC, "train", "--strategy", "ds-sync", "--task", "synthetic",
+                               "--model-mb", "0.5", "--rack-sizes", "5,3", "--adjust-every", "20",
+                               "--steps", "60", "--no-progress", "--timeout", "120", "--json", str(out)],
+                              capture_output=True, text=True, timeout=460)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    record = json.loads(out.read_text())
+    changes = record["schedule_changes"]
+    assert changes[0]["reason"] == "initial" and len(changes) >= 2, changes
+    first = changes[1]
+    assert first["step"] <= 60 and "slow NICs [4]" in first["reason"], first["reason"]
+    schedule = Schedule.from_dict(first["schedule"])
+    for partition in schedule.period:  # rank 4 in a pair inside its rack, every round
+        group = next(g for g in partition if 4 in g)
+        assert len(group) == 2 and max(group) < 5, partition
+    assert [s["from_step"] for s in record["comm_ms_by_schedule"]] == [c["step"] for c in changes]

@@ -1,0 +1,75 @@
+"""Contention sensed from group timings (pure): synthetic records with known answers."""
+
+from dssync.planner import adjusted_plan, static_plan
+from dssync.regroup import group_bandwidths, sense_contention
+from dssync.topology import Topology
+
+MB = 10**6
+
+
+def records_for(schedule, steps, *, slow_nics=(), slow_racks=(), racks, gbps=1.0, factor=0.25):
+    """Per-rank records of a schedule on a network where the named NICs and rack uplinks run
+    at ``factor`` of the rate: a group is as fast as its slowest member's link."""
+    out = []
+    for step in range(steps):
+        for group in schedule.period[step % len(schedule.period)]:
+            n = len(group)
+            if n < 2:
+                continue
+            crossing = len({racks[r] for r in group}) > 1
+            rate = gbps
+            if any(r in slow_nics for r in group) or (crossing and any(racks[r] in slow_racks for r in group)):
+                rate *= factor
+            seconds = 2 * (n - 1) / n * MB * 8 / (rate * 1e9)
+            # Early arrivals wait longer; the last to arrive records the transfer alone.
+            out += [(step, group, seconds * (1 + 0.5 * (r % 3))) for r in group]
+    return out
+
+
+def test_group_time_is_the_last_arrivals():
+    # Rank 1 arrived first and waited 1.0 s; rank 0 arrived last: the transfer took 0.5 s.
+    bw = group_bandwidths([(0, (0, 1), 0.5), (0, (1, 0), 1.0), (0, (2,), 9.0)], nbytes=100)
+    assert bw == {(0, (0, 1)): 200.0}  # 2(n-1)/n * 100 B / 0.5 s; singletons are ignored
+
+
+def test_a_slow_nic_is_sensed_under_the_static_plan():
+    topo = Topology.from_rack_sizes([5, 3])
+    racks = [topo.rack_of(r) for r in range(8)]
+    records = records_for(static_plan(topo), 20, slow_nics={4}, racks=racks)
+    assert sense_contention(records, racks, MB) == ([], [4])
+
+
+def test_a_slow_uplink_is_confirmed_then_cleared_once_paired_apart():
+    topo = Topology.from_rack_sizes([3, 3, 3, 3])
+    racks = [topo.rack_of(r) for r in range(12)]
+    # Static plan: every cross-rack group holds every rack, so the window cannot judge:
+    # the flag from the topology stays, and nothing new is invented.
+    static = records_for(static_plan(topo), 20, slow_racks={1}, racks=racks)
+    assert sense_contention(static, racks, MB) == ([], [])
+    assert sense_contention(static, racks, MB, current=([1], [])) == ([1], [])
+    # Adjusted plan: rack 1 meets others only in pairs; slow pairs keep it flagged...
+    adjusted = adjusted_plan(topo, slow_uplinks=[1])
+    still = records_for(adjusted, 20, slow_racks={1}, racks=racks)
+    assert sense_contention(still, racks, MB, current=([1], [])) == ([1], [])
+    # ...and once the background traffic is gone, the plan relaxes.
+    gone = records_for(adjusted, 20, racks=racks)
+    assert sense_contention(gone, racks, MB, current=([1], [])) == ([], [])
+
+
+def test_a_nic_that_recovers_is_cleared_and_one_not_seen_is_kept():
+    topo = Topology.from_rack_sizes([5, 3])
+    racks = [topo.rack_of(r) for r in range(8)]
+    adjusted = adjusted_plan(topo, slow_nics=[4])
+    assert sense_contention(records_for(adjusted, 20, slow_nics={4}, racks=racks), racks, MB,
+                            current=([], [4])) == ([], [4])
+    assert sense_contention(records_for(adjusted, 20, racks=racks), racks, MB, current=([], [4])) == ([], [])
+    assert sense_contention([], racks, MB, current=([0], [4])) == ([0], [4])
+
+
+def test_an_uplink_the_window_cannot_judge_keeps_its_flag():
+    # Three racks, rack 1 paired apart: the large inter-rack group is one representative,
+    # so every cross-rack group holds rack 1 and there is nothing to compare it with.
+    topo = Topology.from_rack_sizes([3, 3, 3])
+    racks = [topo.rack_of(r) for r in range(9)]
+    gone = records_for(adjusted_plan(topo, slow_uplinks=[1]), 20, racks=racks)
+    assert sense_contention(gone, racks, MB, current=([1], [])) == ([1], [])
