@@ -18,6 +18,7 @@ from abc import ABC
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import torch
 from torch import nn
 
 from dssync.collectives import Communicator
@@ -52,6 +53,7 @@ class Strategy(ABC):  # noqa: B024 - every hook has a no-op default
         self.config = config if config is not None else type(self).Config()
         self.comm_s: list[float] = []
         self._pending_s = 0.0
+        self._exposed_s = 0.0  # waits outside before/after_step (overlapped modes), this iteration
 
     # -- lifecycle (collective) ----------------------------------------------------------
     def setup(self) -> None:
@@ -62,6 +64,10 @@ class Strategy(ABC):  # noqa: B024 - every hook has a no-op default
     def final_model(self) -> nn.Module:
         """The model this strategy hands back at the end (collective; non-destructive)."""
         return self.model
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """The optimizer the loop should call; strategies that step inside backward replace it."""
+        return optimizer
 
     def schedule_changes(self) -> list[dict[str, Any]]:
         """``[{step, reason, schedule}]`` for strategies that follow a schedule."""
@@ -77,8 +83,8 @@ class Strategy(ABC):  # noqa: B024 - every hook has a no-op default
         t0 = time.perf_counter()
         communicated = self._after_step(step)
         elapsed = time.perf_counter() - t0 if communicated else 0.0
-        self.comm_s.append(self._pending_s + elapsed)
-        self._pending_s = 0.0
+        self.comm_s.append(self._pending_s + elapsed + self._exposed_s)
+        self._pending_s = self._exposed_s = 0.0
         self._after_comm(step)
 
     def _before_step(self, step: int) -> bool:

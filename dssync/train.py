@@ -83,7 +83,7 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
         StrategyContext(comm=comm, model=model, topology=topology, schedule=cfg.schedule),
         cls.Config(**cfg.strategy_options),
     )
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    optimizer = strategy.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum))
     strategy.setup()
     batches = task.batches(rank, world_size, cfg.batch_size, cfg.seed)
 

@@ -113,3 +113,15 @@ def test_probe_backends_rejects_bad_input_before_building_anything(args, needle)
     proc = dssync("bench", "probe-backends", *args)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert needle in proc.stderr
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--strategy", "allreduce", "--overlap"], "--overlap applies to --strategy ds-sync only"),
+    (["--strategy", "allreduce", "--adjust-every", "20"], "--adjust-every applies to --strategy ds-sync only"),
+    (["--strategy", "ds-sync", "--adjust-every", "-1"], "adjust_every must be 0 (off) or positive"),
+    (["--strategy", "ds-sync", "--overlap", "--adjust-every", "20"], "overlap and adjust_every do not combine"),
+])
+def test_train_rejects_bad_ds_sync_options(args, needle):
+    proc = dssync("train", "--nproc", "2", "--steps", "1", *args)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert needle in proc.stderr, proc.stderr

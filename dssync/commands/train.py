@@ -34,6 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--model-mb", type=float, default=1.0, help="model size of the synthetic task")
     p.add_argument("--ema-decay", type=float, default=None, help="ds-sync: decay of the local EMA model")
+    p.add_argument("--overlap", action="store_true",
+                   help="ds-sync: average layer by layer as backward produces gradients (paper V-A.1)")
     p.add_argument("--adjust-every", type=int, default=None, metavar="N",
                    help="ds-sync: sense contention from group timings every N iterations and regroup "
                    "(paper: 100; default off)")
@@ -54,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
         if args.strategy != "ds-sync":
             raise ValueError("--ema-decay applies to --strategy ds-sync only")
         options["ema_decay"] = args.ema_decay
+    if args.overlap:
+        if args.strategy != "ds-sync":
+            raise ValueError("--overlap applies to --strategy ds-sync only")
+        options["overlap"] = True
     if args.adjust_every is not None:
         if args.strategy != "ds-sync":
             raise ValueError("--adjust-every applies to --strategy ds-sync only")

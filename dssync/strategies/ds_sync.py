@@ -10,12 +10,21 @@ Each rank also keeps an exponential moving average of its parameters
 (``torch.optim.swa_utils.AveragedModel`` with ``get_ema_multi_avg_fn``), the paper's local
 SWA model (section III-A.5). ``final_model()`` averages those EMA models over the whole
 world once; that ensemble is the model ds-sync hands back.
+
+``overlap=True`` is the paper's layer-wise mode (section V-A.1): as soon as backward has
+produced all of a layer's gradients, a hook applies that layer's local update (one
+optimizer per parameter, with the loop's optimizer's settings) and starts the layer's
+group allreduce without waiting; the layer's forward pre-hook in the next iteration waits
+for it. Communication of the last layers then overlaps the backward pass of the first
+ones and the forward pass of the next iteration. Every parameter must receive a gradient
+every iteration in this mode.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -45,12 +54,17 @@ class DSSyncStrategy(Strategy):
 
         adjust_every: int = 0
         """Regroup online every this many iterations from the group timings (0: never)."""
+        overlap: bool = False
+        """Layer-wise overlapped averaging (paper section V-A.1) instead of after the step."""
 
         def __post_init__(self) -> None:
             if not 0.0 <= self.ema_decay < 1.0:
                 raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
             if self.adjust_every < 0:
                 raise ValueError(f"adjust_every must be 0 (off) or positive, got {self.adjust_every}")
+            if self.overlap and self.adjust_every:
+                raise ValueError("overlap and adjust_every do not combine yet: regrouping times whole "
+                                 "group allreduces, which overlapped mode splits by layer")
 
     config: Config
 
@@ -69,6 +83,10 @@ class DSSyncStrategy(Strategy):
         self._changes: list[dict[str, Any]] = [{"step": 0, "reason": "initial", "schedule": schedule.to_dict()}]
         self._flat = flatten_parameters(self.model)
         self._nbytes = sum(f.numel() * f.element_size() for f in self._flat)
+        self._step = 0  # the iteration whose backward is running (overlapped mode)
+        self._layers: list[_Layer] = []
+        self._param_optimizers: dict[nn.Parameter, torch.optim.Optimizer] = {}
+        self._swa_due = False
         self._views = [(p, p.data_ptr()) for p in self.model.parameters()]
         self.swa_model = AveragedModel(
             self.model, multi_avg_fn=get_ema_multi_avg_fn(self.config.ema_decay), use_buffers=True
@@ -87,6 +105,69 @@ class DSSyncStrategy(Strategy):
         for flat in self._flat:
             self.comm.broadcast_(flat, src=0)
         self.swa_model.update_parameters(self.model)  # start the EMA at the common init
+        if self.config.overlap:
+            self._install_hooks()
+
+    # -- overlapped mode ------------------------------------------------------------------
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        if not self.config.overlap:
+            return optimizer
+        for group in optimizer.param_groups:
+            settings = {k: v for k, v in group.items() if k != "params"}
+            for p in group["params"]:
+                self._param_optimizers[p] = type(optimizer)([p], **settings)
+        return _SteppedInBackward(optimizer)
+
+    def _install_hooks(self) -> None:
+        if not self._param_optimizers:
+            raise DssyncError("overlapped ds-sync steps inside backward: pass the optimizer through "
+                              "strategy.wrap_optimizer() before setup()")
+        for module in self.model.modules():
+            params = [p for p in module.parameters(recurse=False) if p.requires_grad]
+            if not params:
+                continue
+            layer = _Layer(module, params, _contiguous_view(params, self._flat))
+            for p in params:
+                p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, layer))
+            module.register_forward_pre_hook(functools.partial(self._wait_layer, layer))
+            self._layers.append(layer)
+        self.model.register_forward_hook(self._after_forward)
+
+    @torch.no_grad()
+    def _on_grad(self, layer: _Layer, param: nn.Parameter) -> None:
+        self._param_optimizers[param].step()
+        param.grad = None
+        layer.ready += 1
+        if layer.ready < len(layer.params):
+            return
+        layer.ready = 0
+        group = self.schedule.group_of(self.comm.rank, self._step - self._schedule_start)
+        if len(group) > 1:
+            layer.work = self.comm.allreduce_async_(layer.view, group, average=True)
+
+    def _wait_layer(self, layer: _Layer, module: nn.Module, args: Any) -> None:
+        if layer.work is not None:
+            t0 = time.perf_counter()
+            layer.work.wait()
+            self._exposed_s += time.perf_counter() - t0
+            layer.work = None
+
+    @torch.no_grad()
+    def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+        # Every layer has waited for its average: the parameters are the previous
+        # iteration's averaged ones, which is what after-step mode folds into the EMA.
+        if self._swa_due:
+            self.swa_model.update_parameters(self.model)
+            self._swa_due = False
+
+    @torch.no_grad()
+    def flush(self) -> None:
+        """Wait for every layer's allreduce and fold the result into the EMA (overlapped mode)."""
+        for layer in self._layers:
+            self._wait_layer(layer, layer.module, ())
+        if self._swa_due:
+            self.swa_model.update_parameters(self.model)
+            self._swa_due = False
 
     @torch.no_grad()
     def average(self, step: int) -> bool:
@@ -111,10 +192,24 @@ class DSSyncStrategy(Strategy):
         return True
 
     def _after_step(self, step: int) -> bool:
+        if self.config.overlap:
+            return False  # started layer by layer in backward
         return self.average(step)
 
     @torch.no_grad()
     def _after_comm(self, step: int) -> None:
+        if self.config.overlap:
+            partial = [layer for layer in self._layers if layer.ready]
+            if partial:
+                names = [type(layer.module).__name__ for layer in partial]
+                raise DssyncError(
+                    f"rank {self.comm.rank}: overlapped ds-sync got gradients for only some parameters "
+                    f"of {names} at iteration {step}; every parameter must get a gradient every "
+                    "iteration in this mode (use the after-step mode)"
+                )
+            self._step = step + 1
+            self._swa_due = True
+            return
         self.swa_model.update_parameters(self.model)
         every = self.config.adjust_every
         if every and (step + 1) % every == 0:
@@ -161,6 +256,7 @@ class DSSyncStrategy(Strategy):
     @torch.no_grad()
     def final_model(self) -> nn.Module:
         """One global average of every rank's EMA model (collective)."""
+        self.flush()
         ensemble = copy.deepcopy(self.swa_model.module)
         tensors = [p.data for p in ensemble.parameters()]
         tensors += [b for b in ensemble.buffers() if b.is_floating_point()]
@@ -174,3 +270,43 @@ class DSSyncStrategy(Strategy):
 
     def schedule_changes(self) -> list[dict[str, Any]]:
         return list(self._changes)
+
+
+@dataclass(eq=False)
+class _Layer:
+    """A module with parameters of its own, and its in-flight allreduce (overlapped mode)."""
+
+    module: nn.Module
+    params: list[nn.Parameter]
+    view: torch.Tensor
+    ready: int = 0
+    work: Any = None
+
+
+def _contiguous_view(params: list[nn.Parameter], flats: list[torch.Tensor]) -> torch.Tensor:
+    """The span of the flat buffer that holds exactly ``params`` (they sit side by side)."""
+    for flat in flats:
+        base, size = flat.data_ptr(), flat.element_size()
+        if all(p.dtype == flat.dtype and base <= p.data_ptr() < base + flat.numel() * size for p in params):
+            starts = sorted((p.data_ptr() - base) // size for p in params)
+            start, stop = starts[0], max((p.data_ptr() - base) // size + p.numel() for p in params)
+            if stop - start == sum(p.numel() for p in params):
+                return flat[start:stop]
+    raise DssyncError("overlapped ds-sync needs each layer's parameters side by side in one dtype; "
+                      "this model mixes dtypes within a layer")
+
+
+class _SteppedInBackward(torch.optim.Optimizer):
+    """Stands in for the loop's optimizer: the real steps ran in the backward hooks."""
+
+    def __init__(self, inner: torch.optim.Optimizer) -> None:  # noqa: D107 - no super(): no state of its own
+        self.inner = inner
+        self.param_groups = inner.param_groups
+        self.state = inner.state
+        self.defaults = inner.defaults
+
+    def step(self, closure: Any = None) -> None:
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none=set_to_none)

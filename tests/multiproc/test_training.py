@@ -24,6 +24,17 @@ def test_ds_sync_matches_allreduce_accuracy_on_8_ranks():
     assert ds >= ar - 0.01
 
 
+def test_overlapped_mode_trains_to_the_same_model_as_after_step_mode():
+    """Layer-wise averaging in backward hooks on real gloo groups: the same arithmetic, so the
+    same handed-back model (and accuracy) as averaging after the step."""
+    records = [train(TrainConfig(strategy="ds-sync", task="digits", steps=60, seed=7, eval_every=20,
+                                 strategy_options={"overlap": overlap}), nproc=4)
+               for overlap in (False, True)]
+    assert records[0]["final_accuracy"] > 0.8
+    assert [c["accuracy"] for c in records[1]["curve"]] == pytest.approx(
+        [c["accuracy"] for c in records[0]["curve"]], abs=1e-9)
+
+
 def test_train_under_torchrun(tmp_path):
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
     assert torchrun, "torchrun ships with torch"

@@ -177,3 +177,40 @@ def test_ranks_whose_records_disagree_stop_with_an_error():
 
     with pytest.raises(ScheduleError, match="ranks planned different schedules at iteration 20"):
         FakeWorld(8).run(body)
+
+
+def test_overlapped_mode_computes_what_after_step_mode_computes():
+    """Layer-wise averaging in backward hooks is the same arithmetic as averaging after the
+    step: same data, same groups, same parameters and EMA at the end."""
+    topo = Topology.from_rack_sizes([3, 2])
+
+    def run(overlap):
+        def body(comm):
+            gen = torch.Generator().manual_seed(7 + comm.rank)
+            model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype))
+            strategy = DSSyncStrategy(StrategyContext(comm=comm, model=model, topology=topo),
+                                      DSSyncStrategy.Config(overlap=overlap))
+            optimizer = strategy.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+            strategy.setup()
+            for step in range(7):
+                x = torch.randn(6, 4, generator=gen, dtype=torch.float64)
+                y = torch.randint(0, 3, (6,), generator=gen)
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                strategy.before_step(step)
+                optimizer.step()
+                strategy.after_step(step)
+            final = strategy.final_model()
+            return (torch.nn.utils.parameters_to_vector(model.parameters()),
+                    torch.nn.utils.parameters_to_vector(final.parameters()))
+        return FakeWorld(5).run(body)
+
+    for (p_after, f_after), (p_overlap, f_overlap) in zip(run(False), run(True), strict=True):
+        torch.testing.assert_close(p_overlap, p_after)
+        torch.testing.assert_close(f_overlap, f_after)
+    # Groups, not the world: ranks start equal (setup), see different data, and stay apart.
+    params = [p for p, _ in run(True)]
+    assert not all(torch.equal(params[0], q) for q in params[1:])
