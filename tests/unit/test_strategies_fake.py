@@ -124,33 +124,35 @@ def test_schedule_for_another_world_size_is_rejected():
         FakeWorld(2).run(body)
 
 
-def _timed_records(schedule, steps, slow_rank, start=0):
-    """Records as a network with ``slow_rank``'s NIC at a quarter of the rate would give."""
+def _timed_records(rank, schedule, steps, slow_rank, start=0):
+    """``rank``'s records on a network with ``slow_rank``'s NIC at a quarter of the rate."""
     out = []
     for step in range(start, start + steps):
-        for group in schedule.partition_at(step - start):
-            if len(group) > 1:
-                seconds = 0.004 * (4 if slow_rank in group else 1)
-                # the highest rank arrives last and waits for nothing but the transfer
-                out += [(step, group, seconds * (1 + (r != max(group)))) for r in group]
+        group = schedule.group_of(rank, step - start)
+        if len(group) > 1:
+            seconds = 0.004 * (4 if slow_rank in group else 1)
+            # the highest rank arrives last and waits for nothing but the transfer
+            out.append((step, group, seconds * (1 + (rank != max(group)))))
     return out
+
+
+def _regrouping(comm, topo):
+    strategy = DSSyncStrategy(StrategyContext(comm=comm, model=_seeded_linear(0), topology=topo),
+                              DSSyncStrategy.Config(adjust_every=20))
+    strategy.setup()
+    return strategy
 
 
 def test_regroup_switches_every_rank_at_the_same_step_and_relaxes():
     topo = Topology.from_rack_sizes([5, 3])
 
     def body(comm):
-        strategy = DSSyncStrategy(StrategyContext(comm=comm, model=_seeded_linear(0), topology=topo),
-                                  DSSyncStrategy.Config(adjust_every=20))
-        strategy.setup()
-        # This rank's share of a window in which rank 4's NIC was slow.
-        window = [r for r in _timed_records(strategy.schedule, 20, slow_rank=4) if comm.rank in r[1]]
-        strategy._records = window
+        strategy = _regrouping(comm, topo)
+        strategy._records = _timed_records(comm.rank, strategy.schedule, 20, slow_rank=4)
         assert strategy.regroup(20)
         paired = strategy.schedule
         strategy.after_step(20)  # the new plan's round 0 runs at step 20
-        calm = [r for r in _timed_records(paired, 20, slow_rank=-1, start=20) if comm.rank in r[1]]
-        strategy._records = calm
+        strategy._records = _timed_records(comm.rank, paired, 20, slow_rank=-1, start=20)  # calm again
         assert strategy.regroup(40)
         return paired.digest(), [(c["step"], c["reason"]) for c in strategy.schedule_changes()], \
             strategy.schedule.digest()
@@ -166,13 +168,10 @@ def test_ranks_whose_records_disagree_stop_with_an_error():
     topo = Topology.from_rack_sizes([4, 4])
 
     def body(comm):
-        strategy = DSSyncStrategy(StrategyContext(comm=comm, model=_seeded_linear(0), topology=topo),
-                                  DSSyncStrategy.Config(adjust_every=20))
-        strategy.setup()
+        strategy = _regrouping(comm, topo)
         if comm.rank == 0:  # as if rank 0 had planned otherwise from the same window
             strategy._plan = lambda topology: Schedule(world_size=8, period=((tuple(range(8)),),))
-        strategy._records = [r for r in _timed_records(strategy.schedule, 20, slow_rank=1)
-                             if comm.rank in r[1]]
+        strategy._records = _timed_records(comm.rank, strategy.schedule, 20, slow_rank=1)
         strategy.regroup(20)
 
     with pytest.raises(ScheduleError, match="ranks planned different schedules at iteration 20"):
