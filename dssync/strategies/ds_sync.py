@@ -160,14 +160,11 @@ class DSSyncStrategy(Strategy):
             self.swa_model.update_parameters(self.model)
             self._swa_due = False
 
-    @torch.no_grad()
     def flush(self) -> None:
         """Wait for every layer's allreduce and fold the result into the EMA (overlapped mode)."""
         for layer in self._layers:
             self._wait_layer(layer, layer.module, ())
-        if self._swa_due:
-            self.swa_model.update_parameters(self.model)
-            self._swa_due = False
+        self._after_forward(self.model, (), None)
 
     @torch.no_grad()
     def average(self, step: int) -> bool:
