@@ -22,7 +22,7 @@ def main() -> None:
     model = task.model
     topology = Topology.even(comm.world_size, 2)  # or Topology.load("topology.json")
     strategy = DSSyncStrategy(StrategyContext(comm=comm, model=model, topology=topology))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    optimizer = strategy.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
     strategy.setup()  # same groups on every rank, common initial parameters
     batches = task.batches(comm.rank, comm.world_size, batch_size=32, seed=0)
     for step in range(200):
