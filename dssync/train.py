@@ -6,6 +6,8 @@ rank under a launcher) and returns rank 0's result: the ``train --json`` record.
 
 from __future__ import annotations
 
+import os
+import socket
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -21,7 +23,8 @@ from dssync.schedule import Schedule
 from dssync.strategies import get_strategy
 from dssync.strategy import StrategyContext
 from dssync.tasks import TASKS, build_task
-from dssync.topology import Topology
+from dssync.topology import Topology, Worker
+from dssync.topology.probe import ProbeConfig, probe_rank
 
 __all__ = ["TrainConfig", "summarize_comm", "train", "train_rank"]
 
@@ -41,6 +44,9 @@ class TrainConfig:
     """Model size for the ``synthetic`` task, in megabytes of float32 parameters."""
     num_racks: int = 2
     """Racks of the logical topology used when ``topology`` is not given."""
+    probe_first: bool = False
+    """Without ``topology``, ds-sync probes the network first when its ranks run on more
+    than one host (on one host a probe measures the CPU, and ``num_racks`` applies)."""
     topology: Topology | None = None
     schedule: Schedule | None = None
     strategy_options: dict[str, Any] = field(default_factory=dict)
@@ -70,7 +76,7 @@ def summarize_comm(samples_by_rank: list[list[float]], *, warmup: int) -> tuple[
 def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
     """One rank's training run; rank 0 returns the record, the others ``None``."""
     rank, world_size = comm.rank, comm.world_size
-    topology = cfg.topology or Topology.even(world_size, min(cfg.num_racks, world_size))
+    topology = cfg.topology or _probed(comm, cfg) or Topology.even(world_size, min(cfg.num_racks, world_size))
     if topology.world_size != world_size:
         raise TopologyError(
             f"the topology has {topology.world_size} workers but the job has {world_size} ranks; "
@@ -133,12 +139,29 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
         "wall_s": wall_s,
         "comm_ms_per_iter": comm_ms,
         "schedule_changes": changes,
+        "topology": {"racks": topology.racks(), "contention": {
+            k: v for k, v in dict(topology.contention).items() if k in ("uplinks", "nics")}},
         "comm_ms_by_schedule": per_schedule,
         "curve": curve,
         "comm_ms_samples": per_iter,
         "config": {k: v for k, v in asdict(cfg).items()
                    if k not in ("topology", "schedule", "progress")},
     }
+
+
+def _probed(comm: Communicator, cfg: TrainConfig) -> Topology | None:
+    """The probed topology (``dssync probe``'s measurement), when ``cfg`` asks for one and the
+    ranks are on more than one host; ``None`` otherwise."""
+    if not cfg.probe_first or cfg.strategy != "ds-sync":
+        return None
+    hosts = comm.allgather_object(os.environ.get("DSSYNC_HOST", socket.gethostname()))
+    if len(set(hosts)) < 2:
+        return None
+    result = probe_rank(comm, ProbeConfig(timeout_s=cfg.timeout_s))
+    return Topology(workers=tuple(Worker(rank=r, host=h, rack=k)
+                                  for r, (h, k) in enumerate(zip(result.hosts, result.racks, strict=True))),
+                    latency_us=result.latency_us, bandwidth_gbps=result.bandwidth_gbps,
+                    contention=result.contention, probe={"backend": "builtin", "rounds": result.rounds})
 
 
 def _progress(cfg: TrainConfig, world_size: int) -> tuple[Any, Any]:

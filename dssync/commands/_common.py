@@ -25,8 +25,9 @@ def add_topology_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--topology", metavar="FILE", help="topology.json (from `dssync probe` or by hand)")
     g.add_argument("--rack-sizes", type=parse_rack_sizes, metavar="A,B,...",
                    help="a logical topology instead of a file: consecutive ranks per rack")
-    g.add_argument("--racks", type=int, default=2, metavar="R",
-                   help="without --topology/--rack-sizes: split the ranks evenly into R racks (default 2)")
+    g.add_argument("--racks", type=int, default=None, metavar="R",
+                   help="without --topology/--rack-sizes: split the ranks evenly into R racks (default: "
+                   "ds-sync probes the network first when its ranks are on several hosts, else 2 racks)")
     g.add_argument("--schedule", metavar="FILE", help="schedule.json to follow (default: plan one)")
 
 

@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = TrainConfig(
         strategy=args.strategy, task=args.task, steps=args.steps, seed=args.seed,
         batch_size=args.batch_size, lr=args.lr, eval_every=args.eval_every,
-        model_mb=args.model_mb, num_racks=args.racks, topology=topology,
+        model_mb=args.model_mb, num_racks=args.racks or 2, topology=topology,
+        probe_first=args.racks is None,
         schedule=schedule_from_args(args), strategy_options=options, timeout_s=args.timeout,
         progress=not args.no_progress and sys.stderr.isatty(),
     )

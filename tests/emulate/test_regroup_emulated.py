@@ -37,3 +37,22 @@ def test_ds_sync_pairs_the_contended_nic_by_itself(name, tmp_path):
         group = next(g for g in partition if 4 in g)
         assert len(group) == 2 and max(group) < 5, partition
     assert [s["from_step"] for s in record["comm_ms_by_schedule"]] == [c["step"] for c in changes]
+
+
+def test_ds_sync_probes_first_without_a_topology(name, tmp_path):
+    """No --topology, --rack-sizes or --racks, ranks on several hosts: ds-sync probes, finds
+    the racks and the contention, and starts from the adjusted plan."""
+    spec = emulate.SCENARIOS["inter-rack+nic"]
+    out = tmp_path / "run.json"
+    with emulate.cluster(spec["rack_sizes"], nic=spec["nic"], uplink=spec["uplink"], name=name):
+        emulate.contend(name=name, flows=spec["flows"])
+        proc = subprocess.run([DSSYNC, "emulate", "run", "--name", name, "--timeout", "300", "--",
+                               DSSYNC, "train", "--strategy", "ds-sync", "--task", "digits", "--steps", "20",
+                               "--no-progress", "--json", str(out)],
+                              capture_output=True, text=True, timeout=360)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    record = json.loads(out.read_text())
+    assert record["topology"]["racks"] == [[0, 1, 2, 3, 4], [5, 6, 7]]
+    assert [n["rank"] for n in record["topology"]["contention"]["nics"]] == [4]
+    initial = Schedule.from_dict(record["schedule_changes"][0]["schedule"])
+    assert all(len(next(g for g in p if 4 in g)) == 2 for p in initial.period)
