@@ -68,10 +68,7 @@ def static_plan(
             # {0,1},{2,3}: only 0-2 and 1-3 ever meet). Shift rack r's rotation by r more
             # each block of rounds, so every pairing occurs and the period mixes.
             period = _rotation(racks, length * max(sizes), shifted=True, block=length)
-    predicted = None
-    if message_bytes is not None and topology.bandwidth_gbps is not None:
-        predicted = float(np.mean([predict_round_ms(p, topology, message_bytes) for p in period]))
-    return Schedule(world_size=topology.world_size, period=tuple(period), predicted_comm_ms=predicted)
+    return _schedule(period, topology, message_bytes)
 
 
 def plan(topology: Topology, *, max_period: int = DEFAULT_MAX_PERIOD,
@@ -176,10 +173,16 @@ def adjusted_plan(
             f"no mixing plan keeps slow uplinks {slow_racks} and slow NICs {sorted(slow_set)} in "
             f"groups of two for racks {[len(r) for r in racks]}; drop a contention entry"
         )
+    return _schedule(period, topology, message_bytes)
+
+
+def _schedule(period: Sequence[Partition], topology: Topology, message_bytes: int | None) -> Schedule:
+    """The ``Schedule`` of ``period``, with ``predicted_comm_ms`` (the mean over the period of
+    the slowest group's lower bound) when the topology has bandwidth and a size is given."""
     predicted = None
     if message_bytes is not None and topology.bandwidth_gbps is not None:
         predicted = float(np.mean([predict_round_ms(p, topology, message_bytes) for p in period]))
-    return Schedule(world_size=n, period=tuple(period), predicted_comm_ms=predicted)
+    return Schedule(world_size=topology.world_size, period=tuple(period), predicted_comm_ms=predicted)
 
 
 def _adjusted_rounds(racks: list[list[int]], regular: list[list[int]], paired: list[list[int]],

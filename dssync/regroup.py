@@ -66,17 +66,18 @@ def sense_contention(records: Iterable[Record], racks: Sequence[int], nbytes: in
     bandwidth = group_bandwidths(records, nbytes)
     best_intra: dict[int, float] = {}
     best_cross: dict[int, float] = {}
+    crossing: list[set[int]] = []  # the racks of each cross-rack group
     for (_, group), bw in bandwidth.items():
         in_racks = {racks[r] for r in group}
         if len(in_racks) == 1:
             for r in group:
                 best_intra[r] = max(best_intra.get(r, 0.0), bw)
         else:
+            crossing.append(in_racks)
             for rack in in_racks:
                 best_cross[rack] = max(best_cross.get(rack, 0.0), bw)
     nics = set(slow_keys(best_intra, slow_ratio)) if len(best_intra) > 2 else set()
     nics |= {i for i in current[1] if i not in best_intra}
     uplinks = set(slow_keys(best_cross, slow_ratio)) if len(best_cross) > 1 else set()
-    crossing = [{racks[r] for r in g} for (_, g) in bandwidth if len({racks[r] for r in g}) > 1]
     uplinks |= {r for r in current[0] if all(r in seen for seen in crossing)}
     return sorted(uplinks), sorted(nics)

@@ -6,8 +6,6 @@ rank under a launcher) and returns rank 0's result: the ``train --json`` record.
 
 from __future__ import annotations
 
-import os
-import socket
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -23,8 +21,8 @@ from dssync.schedule import Schedule
 from dssync.strategies import get_strategy
 from dssync.strategy import StrategyContext
 from dssync.tasks import TASKS, build_task
-from dssync.topology import Topology, Worker
-from dssync.topology.probe import ProbeConfig, probe_rank
+from dssync.topology import Topology
+from dssync.topology.probe import ProbeConfig, host_name, probe_rank
 
 __all__ = ["TrainConfig", "summarize_comm", "train", "train_rank"]
 
@@ -154,14 +152,10 @@ def _probed(comm: Communicator, cfg: TrainConfig) -> Topology | None:
     ranks are on more than one host; ``None`` otherwise."""
     if not cfg.probe_first or cfg.strategy != "ds-sync":
         return None
-    hosts = comm.allgather_object(os.environ.get("DSSYNC_HOST", socket.gethostname()))
-    if len(set(hosts)) < 2:
+    if len(set(comm.allgather_object(host_name()))) < 2:
         return None
     result = probe_rank(comm, ProbeConfig(timeout_s=cfg.timeout_s))
-    return Topology(workers=tuple(Worker(rank=r, host=h, rack=k)
-                                  for r, (h, k) in enumerate(zip(result.hosts, result.racks, strict=True))),
-                    latency_us=result.latency_us, bandwidth_gbps=result.bandwidth_gbps,
-                    contention=result.contention, probe={"backend": "builtin", "rounds": result.rounds})
+    return result.to_topology({"backend": "builtin", "rounds": result.rounds})
 
 
 def _progress(cfg: TrainConfig, world_size: int) -> tuple[Any, Any]:

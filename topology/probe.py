@@ -30,12 +30,14 @@ import torch.distributed as dist
 from dssync.collectives.base import Communicator
 from dssync.errors import BackendUnavailableError, CommunicationError
 from dssync.topology.infer import classify_contention, infer_racks
+from dssync.topology.model import Topology, Worker
 
 __all__ = [
     "BACKENDS",
     "ProbeConfig",
     "ProbeResult",
     "cross_rack_flows",
+    "host_name",
     "interface_address",
     "probe_rank",
     "round_robin_rounds",
@@ -83,6 +85,18 @@ class ProbeResult:
     contention: dict[str, Any]
     rounds: int
     started_at: float  # time.time() when the process group was ready, for the wall time
+
+    def to_topology(self, probe: dict[str, Any]) -> Topology:
+        """The ``topology.json`` contract of what was found, with ``probe`` as its probe record."""
+        return Topology(workers=tuple(Worker(rank=r, host=h, rack=k)
+                                      for r, (h, k) in enumerate(zip(self.hosts, self.racks, strict=True))),
+                        latency_us=self.latency_us, bandwidth_gbps=self.bandwidth_gbps,
+                        contention=self.contention, probe=probe)
+
+
+def host_name() -> str:
+    """This rank's host: ``DSSYNC_HOST`` (set by ``dssync emulate run``), else the hostname."""
+    return os.environ.get("DSSYNC_HOST", socket.gethostname())
 
 
 def round_robin_rounds(num_ranks: int) -> list[list[tuple[int, int]]]:
@@ -391,7 +405,7 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
     started_at = time.time()
     rank, n = comm.rank, comm.world_size
     link = _Link(rank, cfg.timeout_s)
-    hosts = [str(h) for h in comm.allgather_object(os.environ.get("DSSYNC_HOST", socket.gethostname()))]
+    hosts = [str(h) for h in comm.allgather_object(host_name())]
     comm.barrier()
     payload = torch.zeros(cfg.message_bytes, dtype=torch.uint8)
     rounds = round_robin_rounds(n)

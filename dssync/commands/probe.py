@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 from pathlib import Path
 
 from dssync.commands._common import parse_rack_sizes
 from dssync.launch import from_environ, run_ranks
-from dssync.topology import Topology, Worker
+from dssync.topology import Topology
 from dssync.topology.probe import BACKENDS, ProbeConfig, probe_rank
 
 __all__ = ["add_parser", "plot_topology", "run"]
@@ -75,18 +74,11 @@ def run(args: argparse.Namespace) -> int:
     if launched is not None and launched.rank != 0:
         return 0  # rank 0 writes the file, once
     result = results[0]
-    topology = Topology(
-        workers=tuple(Worker(rank=r, host=h, rack=k)
-                      for r, (h, k) in enumerate(zip(result.hosts, result.racks, strict=True))),
-        latency_us=result.latency_us, bandwidth_gbps=result.bandwidth_gbps,
-        contention=result.contention,
-    )
     # The wall time runs from the process group being ready to the file being written; the
     # plot comes after, it is no part of probing.
     seconds = round(time.time() - result.started_at, 3)
-    topology = dataclasses.replace(topology, probe={
-        "backend": args.backend, "seconds": seconds, "message_bytes": cfg.message_bytes,
-        "rounds": result.rounds})
+    topology = result.to_topology({"backend": args.backend, "seconds": seconds,
+                                   "message_bytes": cfg.message_bytes, "rounds": result.rounds})
     topology.save(args.out)
     if args.plot:
         plot_topology(topology, args.plot)
