@@ -8,6 +8,7 @@ the paper's Fig. 5, a slow rack uplink, and Fig. 6, a slow end-host NIC).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,7 +49,7 @@ def _ratio_to_nearest(cost: np.ndarray) -> np.ndarray | None:
     return out
 
 
-def _bandwidth_cost(bw: np.ndarray, slow_ratio: float = DEFAULT_SLOW_RATIO) -> np.ndarray:
+def _bandwidth_cost(bw: np.ndarray, slow_ratio: float = DEFAULT_SLOW_RATIO) -> tuple[np.ndarray, np.ndarray]:
     """How many times slower each pair's path is than its endpoints' NICs allow.
 
     Direction by direction, a flow ``i -> j`` costs ``min(out_i, in_j) / bw[i, j]``, where
@@ -58,7 +59,8 @@ def _bandwidth_cost(bw: np.ndarray, slow_ratio: float = DEFAULT_SLOW_RATIO) -> n
     rack). A direction whose sending NIC (or receiving NIC) is itself slow, its best flow below
     ``slow_ratio`` times the median rank's, says nothing about the path (every flow through
     that NIC is slow alike) and is left out, so a rank whose NIC is shared with another job
-    still joins its rack through its clear direction.
+    still joins its rack through its clear direction. Also returns which pairs had such an
+    informative direction (a rank whose NIC is slow both ways sees no path at all).
     """
     bw = bw.copy()
     np.fill_diagonal(bw, 0.0)
@@ -68,6 +70,7 @@ def _bandwidth_cost(bw: np.ndarray, slow_ratio: float = DEFAULT_SLOW_RATIO) -> n
     blind = np.logical_or.outer(out_best < slow_ratio * np.median(out_best),
                                 in_best < slow_ratio * np.median(in_best))
     seen = np.where(blind, np.nan, cost)
+    known = ~np.isnan(seen) | ~np.isnan(seen.T)
     with np.errstate(invalid="ignore"):
         pair = np.fmax(seen, seen.T)  # NaN-skipping: the informative direction decides
         pair = np.where(np.isnan(pair), np.fmin(cost, cost.T), pair)  # both blind: the clearer one
@@ -75,7 +78,7 @@ def _bandwidth_cost(bw: np.ndarray, slow_ratio: float = DEFAULT_SLOW_RATIO) -> n
     finite = pair[np.isfinite(pair)]
     pair[~np.isfinite(pair)] = finite.max() if finite.size else 1.0
     np.fill_diagonal(pair, 0.0)
-    return pair
+    return pair, known & (bw > 0) & (bw.T > 0)
 
 
 def renumber_racks(labels: Sequence[int]) -> list[int]:
@@ -99,7 +102,9 @@ def infer_racks(
     direction (``_bandwidth_cost``: directions through a slow NIC are left out, so a NIC
     shared with another job, which slows all of a rank's flows alike, is no rack boundary),
     and ``L0``, ``C0`` are the median over ranks of each
-    rank's smallest (nearest-neighbour) latency and cost. Ranks are clustered by average
+    rank's smallest (nearest-neighbour) latency and cost. Each pair's distance is then raised
+    to how differently the two ranks see the others (``_with_profile``), so that one cross-rack
+    flow that had an uplink to itself cannot join two racks. Ranks are clustered by average
     linkage (``scipy.cluster.hierarchy``) and two clusters are one rack while their average
     distance is at most ``1 + gap`` (relative to the typical nearest-neighbour
     cost; the default 0.5 splits racks whose cross traffic is 1.5x worse: two flows
@@ -124,9 +129,10 @@ def infer_racks(
         raise ValueError(f"hosts names {len(hosts)} ranks but latency_us has {n}; give one host per rank")
     if n < 2:
         return [0] * n
-    ratios = [_ratio_to_nearest(lat)]
+    ratios = [_with_profile(_ratio_to_nearest(lat), np.ones_like(lat, dtype=bool), gap)]
     if bandwidth_gbps is not None:
-        ratios.append(_ratio_to_nearest(_bandwidth_cost(_square("bandwidth_gbps", bandwidth_gbps, n))))
+        cost, known = _bandwidth_cost(_square("bandwidth_gbps", bandwidth_gbps, n))
+        ratios.append(_with_profile(_ratio_to_nearest(cost), known, gap))
     # A metric speaks only if its clusters are clearly apart: on a busy host, ping-pong
     # latency can be pure scheduling noise (hundreds of µs on some pairs), and taking the
     # worse of a noisy metric and a clean one would split racks at random.
@@ -137,6 +143,40 @@ def infer_racks(
     if hosts is not None:
         labels = _merge_by_host(labels, hosts)
     return renumber_racks(labels)
+
+
+def _with_profile(ratio: np.ndarray | None, known: np.ndarray, gap: float) -> np.ndarray | None:
+    """``ratio`` raised, pair by pair, to how differently the two ranks see everyone else.
+
+    One pair's figure can mislead: a flow between two racks that happened to have their
+    uplink to itself in its round runs at full speed, like a rack-mate's. Rack-mates also
+    agree about third parties (both near, or both far), so a pair's profile distance is the
+    median over the other ranks ``k`` of ``max(c_ik, c_jk) / min(c_ik, c_jk)``, with costs
+    clipped to ``[1, 1 + 2 gap]`` (beyond a clear rack boundary, how far does not matter),
+    and the pair's distance is the larger of its own ratio and that median. The median
+    needs most third parties to disagree, so it only speaks when the two ranks' racks hold
+    most of the world, and then it outvotes one lucky measurement. Only third parties that
+    both ranks measured informatively (``known``) vote.
+    """
+    if ratio is None:
+        return None
+    n = len(ratio)
+    clipped = np.clip(ratio, 1.0, 1.0 + 2.0 * gap)
+    np.fill_diagonal(clipped, 1.0)
+    out = ratio.copy()
+    if n < 3:
+        return out
+    for i in range(n):
+        spread = np.maximum(clipped[i], clipped) / np.minimum(clipped[i], clipped)  # [j, k]
+        spread[~(known[i] & known)] = np.nan  # k unseen by i or by j
+        spread[:, i] = np.nan
+        np.fill_diagonal(spread, np.nan)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # no voter: the pair's own ratio
+            out[i] = np.fmax(ratio[i], np.nanmedian(spread, axis=1))
+    out = np.maximum(out, out.T)
+    np.fill_diagonal(out, 0.0)
+    return out
 
 
 def _cluster(dist: np.ndarray, gap: float) -> list[int]:

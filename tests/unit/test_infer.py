@@ -187,3 +187,23 @@ def test_recorded_emulated_probes_are_read_exactly(probe):
     found = classify_contention(probe["bandwidth_gbps"], racks, probe["egress_gbps"])
     assert [u["rack"] for u in found["uplinks"]] == probe["slow_uplinks"]
     assert [n["rank"] for n in found["nics"]] == probe["slow_nics"]
+
+
+SINGLE_FLOW = json.loads((Path(__file__).parent / "data" / "emulated_probes.json").read_text())["single_flow_boundaries"]
+
+
+@pytest.mark.parametrize("probe", SINGLE_FLOW)
+def test_a_cross_rack_pair_that_ran_at_full_speed_does_not_split_a_rack(probe):
+    """Recorded: uplinks as fast as a NIC, so a cross-rack pair alone on its uplink in its round
+    looked like rack-mates. The other ranks' view of the two outvotes that one figure."""
+    assert infer_racks(probe["latency_us"], probe["bandwidth_gbps"]) == layout(probe["rack_sizes"])
+
+
+@pytest.mark.parametrize("lucky", [(4, 7), (2, 5), (3, 6)])
+def test_one_lucky_cross_rack_pair_is_outvoted(lucky):
+    lat, bw = matrices(layout([2, 3, 3]), noise=0.1, seed=3)
+    lat[:] = 30.0  # latency says nothing
+    np.fill_diagonal(lat, 0.0)
+    i, j = lucky
+    bw[i, j] = bw[j, i] = 1.0
+    assert infer_racks(lat, bw) == layout([2, 3, 3])
