@@ -120,8 +120,21 @@ def test_probe_backends_rejects_bad_input_before_building_anything(args, needle)
     (["--strategy", "allreduce", "--adjust-every", "20"], "--adjust-every applies to --strategy ds-sync only"),
     (["--strategy", "ds-sync", "--adjust-every", "-1"], "adjust_every must be 0 (off) or positive"),
     (["--strategy", "ds-sync", "--overlap", "--adjust-every", "20"], "overlap and adjust_every do not combine"),
+    (["--strategy", "ds-sync", "--bucket-mb", "1"], "--bucket-mb applies to --overlap only"),
+    (["--strategy", "ds-sync", "--overlap", "--bucket-mb", "-1"], "bucket_mb must be 0 (one allreduce per layer)"),
 ])
 def test_train_rejects_bad_ds_sync_options(args, needle):
     proc = dssync("train", "--nproc", "2", "--steps", "1", *args)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert needle in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--reps", "0"], "reps, steps and batch size must be positive"),
+    (["--bucket-mb", "-2"], "bucket_mb must be 0"),
+    (["--flows", "uplink:0"], "flow"),
+])
+def test_bench_overlap_rejects_bad_input_before_building_anything(args, needle):
+    proc = dssync("bench", "overlap", *args)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert needle in proc.stderr

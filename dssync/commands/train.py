@@ -36,6 +36,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ema-decay", type=float, default=None, help="ds-sync: decay of the local EMA model")
     p.add_argument("--overlap", action="store_true",
                    help="ds-sync: average layer by layer as backward produces gradients (paper V-A.1)")
+    p.add_argument("--bucket-mb", type=float, default=None, metavar="MB",
+                   help="ds-sync --overlap: layers share one allreduce until it holds MB (default 1; "
+                   "0: one per layer)")
     p.add_argument("--adjust-every", type=int, default=None, metavar="N",
                    help="ds-sync: sense contention from group timings every N iterations and regroup "
                    "(paper: 100; default off)")
@@ -60,6 +63,10 @@ def run(args: argparse.Namespace) -> int:
         if args.strategy != "ds-sync":
             raise ValueError("--overlap applies to --strategy ds-sync only")
         options["overlap"] = True
+    if args.bucket_mb is not None:
+        if not args.overlap:
+            raise ValueError("--bucket-mb applies to --overlap only")
+        options["bucket_mb"] = args.bucket_mb
     if args.adjust_every is not None:
         if args.strategy != "ds-sync":
             raise ValueError("--adjust-every applies to --strategy ds-sync only")

@@ -16,8 +16,11 @@ produced all of a layer's gradients, a hook applies that layer's local update (o
 optimizer per parameter, with the loop's optimizer's settings) and starts the layer's
 group allreduce without waiting; the layer's forward pre-hook in the next iteration waits
 for it. Communication of the last layers then overlaps the backward pass of the first
-ones and the forward pass of the next iteration. Every parameter must receive a gradient
-every iteration in this mode.
+ones and the forward pass of the next iteration. Consecutive layers share one allreduce
+until it holds ``bucket_mb`` (filled in backward order, as DDP fills its buckets), so a
+model of many small layers does not pay one allreduce's latency per layer; ``bucket_mb=0``
+is the paper's one allreduce per layer. Every parameter must receive a gradient every
+iteration in this mode.
 """
 
 from __future__ import annotations
@@ -56,10 +59,15 @@ class DSSyncStrategy(Strategy):
         """Regroup online every this many iterations from the group timings (0: never)."""
         overlap: bool = False
         """Layer-wise overlapped averaging (paper section V-A.1) instead of after the step."""
+        bucket_mb: float = 1.0
+        """Overlapped mode: consecutive layers, in backward order, share one allreduce until
+        it holds this many MB (0: one allreduce per layer, as in the paper)."""
 
         def __post_init__(self) -> None:
             if not 0.0 <= self.ema_decay < 1.0:
                 raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
+            if self.bucket_mb < 0:
+                raise ValueError(f"bucket_mb must be 0 (one allreduce per layer) or positive, got {self.bucket_mb}")
             if self.adjust_every < 0:
                 raise ValueError(f"adjust_every must be 0 (off) or positive, got {self.adjust_every}")
             if self.overlap and self.adjust_every:
@@ -84,7 +92,7 @@ class DSSyncStrategy(Strategy):
         self._flat = flatten_parameters(self.model)
         self._nbytes = sum(f.numel() * f.element_size() for f in self._flat)
         self._step = 0  # the iteration whose backward is running (overlapped mode)
-        self._layers: list[_Layer] = []
+        self._buckets: list[_Bucket] = []
         self._param_optimizers: dict[nn.Parameter, torch.optim.Optimizer] = {}
         self._swa_due = False
         self._views = [(p, p.data_ptr()) for p in self.model.parameters()]
@@ -122,35 +130,50 @@ class DSSyncStrategy(Strategy):
         if not self._param_optimizers:
             raise DssyncError("overlapped ds-sync steps inside backward: pass the optimizer through "
                               "strategy.wrap_optimizer() before setup()")
-        for module in self.model.modules():
-            params = [p for p in module.parameters(recurse=False) if p.requires_grad]
-            if not params:
-                continue
-            layer = _Layer(module, params, _contiguous_view(params, self._flat))
-            for p in params:
-                p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, layer))
-            module.register_forward_pre_hook(functools.partial(self._wait_layer, layer))
-            self._layers.append(layer)
+        layers = [(m, ps) for m in self.model.modules()
+                  if (ps := [p for p in m.parameters(recurse=False) if p.requires_grad])]
+        cap = self.config.bucket_mb * 1e6
+        # Backward produces gradients roughly from the last layer to the first: fill buckets
+        # in that order, as DDP does, so the first bucket is ready early. A bucket is one span
+        # of the flat buffer, so its allreduce copies nothing.
+        for module, params in reversed(layers):
+            if _contiguous_view(params, self._flat) is None:
+                raise DssyncError(f"overlapped ds-sync needs each layer's parameters side by side in one "
+                                  f"dtype; {type(module).__name__} mixes dtypes")
+            last = self._buckets[-1] if self._buckets else None
+            joined = None if last is None or last.view.nbytes >= cap else \
+                _contiguous_view(last.params + params, self._flat)
+            if joined is None:
+                self._buckets.append(_Bucket([module], params, _contiguous_view(params, self._flat)))
+            else:
+                last.modules.append(module)
+                last.params.extend(params)
+                last.view = joined
+        for bucket in self._buckets:
+            for p in bucket.params:
+                p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, bucket))
+            for module in bucket.modules:
+                module.register_forward_pre_hook(functools.partial(self._wait_bucket, bucket))
         self.model.register_forward_hook(self._after_forward)
 
     @torch.no_grad()
-    def _on_grad(self, layer: _Layer, param: nn.Parameter) -> None:
+    def _on_grad(self, bucket: _Bucket, param: nn.Parameter) -> None:
         self._param_optimizers[param].step()
         param.grad = None
-        layer.ready += 1
-        if layer.ready < len(layer.params):
+        bucket.ready += 1
+        if bucket.ready < len(bucket.params):
             return
-        layer.ready = 0
+        bucket.ready = 0
         group = self.schedule.group_of(self.comm.rank, self._step - self._schedule_start)
         if len(group) > 1:
-            layer.work = self.comm.allreduce_async_(layer.view, group, average=True)
+            bucket.work = self.comm.allreduce_async_(bucket.view, group, average=True)
 
-    def _wait_layer(self, layer: _Layer, module: nn.Module, args: Any) -> None:
-        if layer.work is not None:
+    def _wait_bucket(self, bucket: _Bucket, module: nn.Module | None = None, args: Any = None) -> None:
+        if bucket.work is not None:
             t0 = time.perf_counter()
-            layer.work.wait()
+            bucket.work.wait()
             self._exposed_s += time.perf_counter() - t0
-            layer.work = None
+            bucket.work = None
 
     @torch.no_grad()
     def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
@@ -162,8 +185,8 @@ class DSSyncStrategy(Strategy):
 
     def flush(self) -> None:
         """Wait for every layer's allreduce and fold the result into the EMA (overlapped mode)."""
-        for layer in self._layers:
-            self._wait_layer(layer, layer.module, ())
+        for bucket in self._buckets:
+            self._wait_bucket(bucket)
         self._after_forward(self.model, (), None)
 
     @torch.no_grad()
@@ -196,9 +219,9 @@ class DSSyncStrategy(Strategy):
     @torch.no_grad()
     def _after_comm(self, step: int) -> None:
         if self.config.overlap:
-            partial = [layer for layer in self._layers if layer.ready]
+            partial = [bucket for bucket in self._buckets if bucket.ready]
             if partial:
-                names = [type(layer.module).__name__ for layer in partial]
+                names = [type(m).__name__ for bucket in partial for m in bucket.modules]
                 raise DssyncError(
                     f"rank {self.comm.rank}: overlapped ds-sync got gradients for only some parameters "
                     f"of {names} at iteration {step}; every parameter must get a gradient every "
@@ -270,18 +293,19 @@ class DSSyncStrategy(Strategy):
 
 
 @dataclass(eq=False)
-class _Layer:
-    """A module with parameters of its own, and its in-flight allreduce (overlapped mode)."""
+class _Bucket:
+    """Consecutive modules whose parameters are averaged by one allreduce, and that
+    allreduce while it is in flight (overlapped mode)."""
 
-    module: nn.Module
+    modules: list[nn.Module]
     params: list[nn.Parameter]
     view: torch.Tensor
     ready: int = 0
     work: Any = None
 
 
-def _contiguous_view(params: list[nn.Parameter], flats: list[torch.Tensor]) -> torch.Tensor:
-    """The span of the flat buffer that holds exactly ``params`` (they sit side by side)."""
+def _contiguous_view(params: list[nn.Parameter], flats: list[torch.Tensor]) -> torch.Tensor | None:
+    """The span of the flat buffer that holds exactly ``params``, if they sit side by side."""
     for flat in flats:
         base, size = flat.data_ptr(), flat.element_size()
         if all(p.dtype == flat.dtype and base <= p.data_ptr() < base + flat.numel() * size for p in params):
@@ -289,8 +313,7 @@ def _contiguous_view(params: list[nn.Parameter], flats: list[torch.Tensor]) -> t
             start, stop = starts[0], max((p.data_ptr() - base) // size + p.numel() for p in params)
             if stop - start == sum(p.numel() for p in params):
                 return flat[start:stop]
-    raise DssyncError("overlapped ds-sync needs each layer's parameters side by side in one dtype; "
-                      "this model mixes dtypes within a layer")
+    return None
 
 
 class _SteppedInBackward(torch.optim.Optimizer):

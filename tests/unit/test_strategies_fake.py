@@ -178,22 +178,25 @@ def test_ranks_whose_records_disagree_stop_with_an_error():
         FakeWorld(8).run(body)
 
 
-def test_overlapped_mode_computes_what_after_step_mode_computes():
-    """Layer-wise averaging in backward hooks is the same arithmetic as averaging after the
-    step: same data, same groups, same parameters and EMA at the end."""
+@pytest.mark.parametrize("bucket_mb", [0.0, 3e-4, 1.0], ids=["per-layer", "two-buckets", "one-bucket"])
+def test_overlapped_mode_computes_what_after_step_mode_computes(bucket_mb):
+    """Averaging in backward hooks, layer by layer or bucket by bucket, is the same arithmetic
+    as averaging after the step: same data, same groups, same parameters and EMA at the end."""
     topo = Topology.from_rack_sizes([3, 2])
+    buckets = []
 
     def run(overlap):
         def body(comm):
             gen = torch.Generator().manual_seed(7 + comm.rank)
-            model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+            model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 5), nn.Tanh(), nn.Linear(5, 3)).double()
             with torch.no_grad():
                 for p in model.parameters():
                     p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype))
             strategy = DSSyncStrategy(StrategyContext(comm=comm, model=model, topology=topo),
-                                      DSSyncStrategy.Config(overlap=overlap))
+                                      DSSyncStrategy.Config(overlap=overlap, bucket_mb=bucket_mb))
             optimizer = strategy.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
             strategy.setup()
+            buckets.append([len(b.modules) for b in strategy._buckets])
             for step in range(7):
                 x = torch.randn(6, 4, generator=gen, dtype=torch.float64)
                 y = torch.randint(0, 3, (6,), generator=gen)
@@ -210,6 +213,9 @@ def test_overlapped_mode_computes_what_after_step_mode_computes():
     for (p_after, f_after), (p_overlap, f_overlap) in zip(run(False), run(True), strict=True):
         torch.testing.assert_close(p_overlap, p_after)
         torch.testing.assert_close(f_overlap, f_after)
+    # Backward order: the last layer (18 doubles, 144 B), then 240 B, then 200 B. A 300 B cap
+    # puts the last two layers in one bucket and the first alone.
+    assert buckets[-1] == {0.0: [1, 1, 1], 3e-4: [2, 1], 1.0: [3]}[bucket_mb]
     # Groups, not the world: ranks start equal (setup), see different data, and stay apart.
     params = [p for p, _ in run(True)]
     assert not all(torch.equal(params[0], q) for q in params[1:])

@@ -24,3 +24,13 @@ def test_mnist_is_the_standard_split():
     assert task.train_x.shape == (60000, 784) and task.test_x.shape == (10000, 784)
     # The standard MNIST test set has 980 zeros and 1135 ones.
     assert torch.bincount(task.test_y)[:2].tolist() == [980, 1135]
+
+
+def test_mnist_cnn_has_its_parameters_in_the_dense_layers():
+    task = build_task("mnist-cnn")
+    assert task.train_x.shape == (60000, 784)
+    assert task.model(task.train_x[:5]).shape == (5, 10)
+    layers = [m for m in task.model if any(True for _ in m.parameters(recurse=False))]
+    sizes = [sum(p.numel() for p in m.parameters()) for m in layers]
+    assert [type(m).__name__ for m in layers] == ["Conv2d", "Conv2d", "Linear", "Linear"]
+    assert sizes[2] > 0.95 * sum(sizes)  # 4608x128: the allreduce worth overlapping
