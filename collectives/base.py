@@ -52,8 +52,16 @@ class Communicator(ABC):
         """
 
     @abstractmethod
-    def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> None:
-        """Overwrite ``tensor`` on every rank with rank ``src``'s (world)."""
+    def broadcast_(self, tensor: torch.Tensor, src: int = 0, group: Group | None = None) -> None:
+        """Overwrite ``tensor`` on every rank of ``group`` with world rank ``src``'s."""
+
+    @abstractmethod
+    def reduce_(self, tensor: torch.Tensor, dst: int, group: Group | None = None) -> None:
+        """Sum ``tensor`` over ``group`` into world rank ``dst``'s (the others' are left undefined)."""
+
+    @abstractmethod
+    def sendrecv_(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None:
+        """Send ``send`` to world rank ``dst`` while receiving ``recv`` from ``src`` (point to point)."""
 
     @abstractmethod
     def allgather_object(self, obj: Any) -> list[Any]:

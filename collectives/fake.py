@@ -36,6 +36,7 @@ class FakeWorld:
         self.calls: list[tuple[int, str, Group, int]] = []  # (rank, op, group, numel)
         self._cond = threading.Condition()
         self._slots: dict[tuple[str, Group, int], _Slot] = {}
+        self._mail: dict[tuple[int, int], list[torch.Tensor]] = defaultdict(list)
 
     def communicator(self, rank: int) -> FakeCommunicator:
         return FakeCommunicator(self, rank)
@@ -59,6 +60,16 @@ class FakeWorld:
             if exc is not None:
                 raise exc
         return results
+
+    def _exchange(self, rank: int, dst: int, src: int, value: torch.Tensor) -> torch.Tensor:
+        """Post ``value`` for ``dst`` and take what ``src`` posted for ``rank`` (FIFO per pair)."""
+        with self._cond:
+            self._mail[(rank, dst)].append(value)
+            self._cond.notify_all()
+            if not self._cond.wait_for(lambda: self._mail[(src, rank)], timeout=self.timeout_s):
+                raise CommunicationError(f"rank {rank}: receive from rank {src} timed out after "
+                                         f"{self.timeout_s:.0f} s")
+            return self._mail[(src, rank)].pop(0)
 
     def _collective(
         self, rank: int, op: str, group: Group, seq: int, value: Any, combine: Callable[[list[Any]], Any]
@@ -126,8 +137,20 @@ class FakeCommunicator(Communicator):
 
         return _Done()
 
-    def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> None:
-        tensor.copy_(self._run(f"broadcast{src}", None, tensor.detach().clone(), lambda xs: xs[src]))
+    def broadcast_(self, tensor: torch.Tensor, src: int = 0, group: Group | None = None) -> None:
+        members = tuple(range(self.world_size)) if group is None else tuple(group)
+        pick = members.index(src)
+        tensor.copy_(self._run(f"broadcast{src}", group, tensor.detach().clone(), lambda xs: xs[pick]))
+
+    def reduce_(self, tensor: torch.Tensor, dst: int, group: Group | None = None) -> None:
+        total = self._run(f"reduce{dst}", group, tensor.detach().clone(), lambda xs: torch.stack(xs).sum(0))
+        if self.rank == dst:
+            tensor.copy_(total)
+
+    def sendrecv_(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None:
+        with self.world._cond:
+            self.world.calls.append((self.rank, f"send{dst}", (self.rank, dst), send.numel()))
+        recv.copy_(self.world._exchange(self.rank, dst, src, send.detach().clone()))
 
     def allgather_object(self, obj: Any) -> list[Any]:
         return list(self._run("allgather", None, obj, lambda xs: list(xs)))

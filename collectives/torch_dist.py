@@ -146,13 +146,32 @@ class TorchCommunicator(Communicator):
         scale = (tensor, 1.0 / size) if average and not native_avg else None
         return _TorchWork(work, describe, self.timeout_s, scale)
 
-    def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> None:
+    def broadcast_(self, tensor: torch.Tensor, src: int = 0, group: Group | None = None) -> None:
+        pg = self._process_group(group)
+        describe = self._describe(f"broadcast from rank {src}", group)
         try:
-            dist.broadcast(tensor, src=src)
+            work = dist.broadcast(tensor, src=src, group=pg, async_op=True)
         except RuntimeError as exc:
-            raise CommunicationError(
-                f"{self._describe(f'broadcast from rank {src}', None)} failed: {_first_line(exc)}"
-            ) from None
+            raise CommunicationError(f"{describe} failed: {_first_line(exc)}") from None
+        _TorchWork(work, describe, self.timeout_s).wait()
+
+    def reduce_(self, tensor: torch.Tensor, dst: int, group: Group | None = None) -> None:
+        pg = self._process_group(group)
+        describe = self._describe(f"reduce to rank {dst}", group)
+        try:
+            work = dist.reduce(tensor, dst=dst, group=pg, async_op=True)
+        except RuntimeError as exc:
+            raise CommunicationError(f"{describe} failed: {_first_line(exc)}") from None
+        _TorchWork(work, describe, self.timeout_s).wait()
+
+    def sendrecv_(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None:
+        describe = f"rank {self.rank}: send to rank {dst} / receive from rank {src} (timeout {self.timeout_s:.0f} s)"
+        try:
+            works = [dist.isend(send, dst), dist.irecv(recv, src)]
+        except RuntimeError as exc:
+            raise CommunicationError(f"{describe} failed: {_first_line(exc)}") from None
+        for work in works:
+            _TorchWork(work, describe, self.timeout_s).wait()
 
     def allgather_object(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self.world_size

@@ -65,6 +65,10 @@ class Strategy(ABC):  # noqa: B024 - every hook has a no-op default
         """The model this strategy hands back at the end (collective; non-destructive)."""
         return self.model
 
+    def close(self) -> None:
+        """Release what ``setup()`` started (servers, sockets); called once after training."""
+        return None
+
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """The optimizer the loop should call; strategies that step inside backward replace it."""
         return optimizer

@@ -117,6 +117,7 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
     if progress is not None:
         progress[0].stop()
 
+    strategy.close()
     samples = comm.allgather_object(strategy.comm_s)
     if rank != 0:
         return None

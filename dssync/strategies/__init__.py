@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 from dssync.strategies.allreduce import AllreduceStrategy
+from dssync.strategies.asp import ASPStrategy, SSPStrategy
 from dssync.strategies.ds_sync import DSSyncStrategy
+from dssync.strategies.gossip import GossipStrategy
+from dssync.strategies.hierarchical import HierarchicalStrategy
+from dssync.strategies.local_sgd import LocalSGDStrategy
 from dssync.strategy import Strategy
 
-__all__ = ["REGISTRY", "AllreduceStrategy", "DSSyncStrategy", "get_strategy"]
+__all__ = [
+    "REGISTRY", "ASPStrategy", "AllreduceStrategy", "DSSyncStrategy", "GossipStrategy", "HierarchicalStrategy",
+    "LocalSGDStrategy", "SSPStrategy", "get_strategy",
+]
 
 REGISTRY: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (AllreduceStrategy, DSSyncStrategy)
+    cls.name: cls for cls in (AllreduceStrategy, DSSyncStrategy, HierarchicalStrategy, GossipStrategy,
+                              LocalSGDStrategy, ASPStrategy, SSPStrategy)
 }
 
 

@@ -11,7 +11,38 @@ import torch
 
 from dssync.strategy import Strategy, StrategyContext
 
-__all__ = ["AllreduceStrategy"]
+__all__ = ["AllreduceStrategy", "GradientBuffer"]
+
+
+class GradientBuffer:
+    """A model's gradients gathered into one flat buffer and scattered back.
+
+    One buffer means one collective per iteration whatever the number of layers (what DDP's
+    buckets do, in one bucket). Parameters without a gradient contribute zeros.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.flat: torch.Tensor | None = None
+
+    @torch.no_grad()
+    def gather(self) -> torch.Tensor:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        if self.flat is None:
+            self.flat = torch.empty(sum(g.numel() for g in grads), dtype=grads[0].dtype, device=grads[0].device)
+        torch.cat([g.reshape(-1) for g in grads], out=self.flat)
+        return self.flat
+
+    @torch.no_grad()
+    def scatter(self) -> None:
+        assert self.flat is not None, "gather() first"
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            if p.grad is None:
+                p.grad = torch.empty_like(p)
+            p.grad.copy_(self.flat[offset : offset + n].view_as(p))
+            offset += n
 
 
 class AllreduceStrategy(Strategy):
@@ -19,22 +50,10 @@ class AllreduceStrategy(Strategy):
 
     def __init__(self, ctx: StrategyContext, config: Strategy.Config | None = None) -> None:
         super().__init__(ctx, config)
-        self._params = [p for p in self.model.parameters() if p.requires_grad]
-        self._flat: torch.Tensor | None = None
+        self._grads = GradientBuffer(self.model)
 
     @torch.no_grad()
     def _before_step(self, step: int) -> bool:
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
-        if self._flat is None:
-            self._flat = torch.empty(sum(g.numel() for g in grads), dtype=grads[0].dtype,
-                                     device=grads[0].device)
-        torch.cat([g.reshape(-1) for g in grads], out=self._flat)
-        self.comm.allreduce_(self._flat, average=True)
-        offset = 0
-        for p, g in zip(self._params, grads, strict=True):
-            n = g.numel()
-            if p.grad is None:
-                p.grad = g
-            p.grad.copy_(self._flat[offset : offset + n].view_as(g))
-            offset += n
+        self.comm.allreduce_(self._grads.gather(), average=True)
+        self._grads.scatter()
         return True

@@ -81,3 +81,72 @@ def two_schedules(comm):
     schedule = static_plan(topo) if comm.rank != 2 else static_plan(Topology.from_rack_sizes([1, 3]))
     DSSyncStrategy(StrategyContext(comm=comm, model=nn.Linear(2, 2), topology=topo,
                                    schedule=schedule)).setup()
+
+
+def baseline_gradients(comm, strategy_name: str, rack_sizes: list[int], numel: int):
+    """One BSP step's averaged gradient under ``strategy_name`` from seeded per-rank gradients."""
+    from dssync.strategies import get_strategy
+
+    model = nn.Linear(numel - 1, 1, dtype=torch.float64)
+    cls = get_strategy(strategy_name)
+    strategy = cls(StrategyContext(comm=comm, model=model, topology=Topology.from_rack_sizes(rack_sizes)))
+    strategy.setup()
+    grad = seeded_vector(comm.rank, numel)
+    offset = 0
+    for p in model.parameters():
+        p.grad = grad[offset: offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
+    strategy.before_step(0)
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+
+def parameter_mixing(comm, strategy_name: str, options: dict, numel: int, steps: int):
+    """Seeded parameters, then ``steps`` iterations of the strategy's averaging with no
+    gradient: the parameters after every step."""
+    from dssync.strategies import get_strategy
+
+    model = nn.Linear(numel - 1, 1, dtype=torch.float64)
+    cls = get_strategy(strategy_name)
+    strategy = cls(StrategyContext(comm=comm, model=model, topology=Topology.from_rack_sizes([comm.world_size])),
+                   cls.Config(**options))
+    strategy.setup()
+    with torch.no_grad():
+        strategy._flat[0].copy_(seeded_vector(comm.rank, numel))
+    trace = []
+    for step in range(steps):
+        strategy.after_step(step)
+        trace.append(torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone())
+    return trace
+
+
+def ps_pushes(comm, numel: int, clocks: int, staleness, slow_rank: int | None = None):
+    """Every rank pushes the gradient ``(rank + 1) * (clock + 1)`` (all ones) ``clocks`` times
+    through the parameter server with lr 1, momentum 0; returns the versions it saw and the
+    final parameters."""
+    from dssync.ps import ParameterServer
+
+    flat = torch.zeros(numel, dtype=torch.float32)
+    ps = ParameterServer(comm, flat, lr=1.0, staleness=staleness)
+    seen = []
+    for clock in range(clocks):
+        if comm.rank == slow_rank:
+            time.sleep(0.05)
+        ps.push_pull(torch.full((numel,), float((comm.rank + 1) * (clock + 1))), clock)
+        seen.append(list(ps.versions))
+    comm.barrier()
+    ps.pull()
+    ps.close()
+    return seen, flat.clone()
+
+
+def ps_with_a_silent_worker(comm, numel: int):
+    """SSP with bound 0: rank 1 never pushes, so rank 0's first push must time out, named."""
+    from dssync.ps import ParameterServer
+
+    flat = torch.zeros(numel, dtype=torch.float32)
+    ps = ParameterServer(comm, flat, lr=1.0, staleness=0, timeout_s=2.0)
+    if comm.rank == 0:
+        ps.push_pull(torch.ones(numel), 0)
+    else:
+        time.sleep(6.0)
+    return None

@@ -1,0 +1,125 @@
+"""``asp`` and ``ssp``: data parallelism through the sharded parameter server (``dssync.ps``).
+
+Every iteration a worker pushes its gradient to every shard, where it is applied at once
+with the loop's SGD settings (momentum, and the learning rate divided by the number of
+workers: see ``Config.scale_lr``), and pulls the shards' parameters
+back into its model. ``asp`` never waits for other workers: its gradients can be
+computed on parameters many updates old. ``ssp`` bounds that: a worker at clock ``c`` goes on
+only when every worker has pushed iteration ``c - staleness``. The optimizer runs on the
+servers, so the loop's optimizer must be passed through ``wrap_optimizer`` (its ``step``
+becomes a no-op). The model handed back is the servers' parameters after every push has
+been applied.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from dssync.errors import DssyncError
+from dssync.flat import flatten_parameters
+from dssync.ps import ParameterServer
+from dssync.strategies.allreduce import GradientBuffer
+from dssync.strategy import Strategy, StrategyContext
+
+__all__ = ["ASPStrategy", "SSPStrategy"]
+
+
+class ASPStrategy(Strategy):
+    name = "asp"
+    staleness: int | None = None
+
+    @dataclass(frozen=True, kw_only=True)
+    class Config(Strategy.Config):
+        scale_lr: bool = True
+        """Apply each push with the loop's learning rate divided by the number of workers, so
+        that n pushes of batch B move the model as far as one BSP step of the same learning
+        rate on batch nB (Sync-Switch's configuration policy: BSP runs n*eta on n*B, ASP eta on
+        B). Without it, n workers step n times as often at the full rate."""
+
+    config: Config
+
+    def __init__(self, ctx: StrategyContext, config: Strategy.Config | None = None) -> None:
+        super().__init__(ctx, config)
+        flats = flatten_parameters(self.model)
+        if len(flats) != 1 or flats[0].dtype != torch.float32:
+            raise DssyncError(f"{self.name} serves one float32 parameter buffer; this model has "
+                              f"{[str(f.dtype) for f in flats]}")
+        self._flat = flats[0]
+        self._grads = GradientBuffer(self.model)
+        self._settings: dict[str, float] | None = None
+        self.server: ParameterServer | None = None
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        if not isinstance(optimizer, torch.optim.SGD) or len(optimizer.param_groups) != 1:
+            raise DssyncError(f"{self.name} applies updates on the servers with SGD: pass one torch.optim.SGD "
+                              "with a single parameter group")
+        group = optimizer.param_groups[0]
+        if group.get("weight_decay") or group.get("nesterov") or group.get("dampening"):
+            raise DssyncError(f"{self.name}'s servers run plain SGD with momentum: no weight decay, "
+                              "dampening or Nesterov")
+        lr = group["lr"] / (self.comm.world_size if self.config.scale_lr else 1)
+        self._settings = {"lr": lr, "momentum": group.get("momentum", 0.0)}
+        return _ServerSide(optimizer)
+
+    def setup(self) -> None:
+        if self._settings is None:
+            raise DssyncError(f"{self.name} steps on the parameter servers: pass the optimizer through "
+                              "strategy.wrap_optimizer() before setup()")
+        super().setup()  # every shard starts from rank 0's parameters
+        self.server = ParameterServer(self.comm, self._flat, staleness=self.staleness, **self._settings)
+
+    @torch.no_grad()
+    def _before_step(self, step: int) -> bool:
+        assert self.server is not None, "setup() first"
+        self.server.push_pull(self._grads.gather(), clock=step)
+        return True
+
+    def final_model(self) -> nn.Module:
+        assert self.server is not None, "setup() first"
+        self.comm.barrier()  # every push of every worker has been answered, so applied
+        self.server.pull()
+        return copy.deepcopy(self.model)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+class SSPStrategy(ASPStrategy):
+    name = "ssp"
+
+    @dataclass(frozen=True, kw_only=True)
+    class Config(ASPStrategy.Config):
+        staleness: int = 3
+        """A worker at clock c waits until every worker has pushed iteration c - staleness."""
+
+        def __post_init__(self) -> None:
+            if self.staleness < 0:
+                raise ValueError(f"staleness must be 0 or more, got {self.staleness}")
+
+    config: Config
+
+    def __init__(self, ctx: StrategyContext, config: Config | None = None) -> None:
+        super().__init__(ctx, config)
+        self.staleness = self.config.staleness
+
+
+class _ServerSide(torch.optim.Optimizer):
+    """Stands in for the loop's optimizer: the steps run on the parameter servers."""
+
+    def __init__(self, inner: torch.optim.Optimizer) -> None:  # noqa: D107 - no super(): no state of its own
+        self.inner = inner
+        self.param_groups = inner.param_groups
+        self.state = inner.state
+        self.defaults = inner.defaults
+
+    def step(self, closure: Any = None) -> None:
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none=set_to_none)

@@ -1,0 +1,98 @@
+"""The baseline strategies and the parameter server on real gloo process groups and real
+sockets, each against an oracle computed here."""
+
+import pytest
+import torch
+from ranks import (
+    baseline_gradients,
+    parameter_mixing,
+    ps_pushes,
+    ps_with_a_silent_worker,
+    seeded_vector,
+)
+
+from dssync.errors import DssyncError
+from dssync.launch import run_ranks
+from dssync.strategies.gossip import gossip_peer
+
+NUMEL = 1001
+
+
+@pytest.mark.parametrize("rack_sizes", [[2, 3], [1, 2, 2], [5]])
+def test_hierarchical_gives_exactly_the_world_mean_gradient(rack_sizes):
+    n = sum(rack_sizes)
+    out = run_ranks(baseline_gradients, "hierarchical", rack_sizes, NUMEL, nproc=n, timeout_s=60)
+    mean = torch.stack([seeded_vector(r, NUMEL) for r in range(n)]).mean(0)
+    for got in out:
+        torch.testing.assert_close(got, mean)
+
+
+def test_local_sgd_averages_over_the_world_every_period_and_only_then():
+    n, period, steps = 4, 3, 7
+    trace = run_ranks(parameter_mixing, "local-sgd", {"period": period}, NUMEL, steps, nproc=n, timeout_s=60)
+    start = [seeded_vector(r, NUMEL) for r in range(n)]
+    mean = torch.stack(start).mean(0)
+    for step in range(steps):
+        averaged = (step + 1) >= period
+        for r in range(n):
+            torch.testing.assert_close(trace[r][step], mean if averaged else start[r])
+
+
+def test_gossip_mixes_pairwise_keeps_the_mean_and_reaches_consensus():
+    n, steps = 8, 9  # three rounds of the 3-dimensional hypercube
+    trace = run_ranks(parameter_mixing, "gossip", {}, NUMEL, steps, nproc=n, timeout_s=60)
+    x = [seeded_vector(r, NUMEL) for r in range(n)]
+    mean = torch.stack(x).mean(0)
+    for step in range(steps):  # oracle: the same pairwise averages, computed here
+        x = [(x[r] + x[gossip_peer(r, n, step)]) / 2 for r in range(n)]
+        for r in range(n):
+            torch.testing.assert_close(trace[r][step], x[r])
+        torch.testing.assert_close(torch.stack([trace[r][step] for r in range(n)]).mean(0), mean)
+    # After log2(n) steps of the hypercube every rank holds the exact mean.
+    for r in range(n):
+        torch.testing.assert_close(trace[r][2], mean)
+
+
+@pytest.mark.parametrize(("n", "staleness"), [(3, None), (3, 0), (4, 2)])
+def test_parameter_server_applies_every_push_and_keeps_the_staleness_bound(n, staleness):
+    clocks, numel = 6, 257
+    out = run_ranks(ps_pushes, numel, clocks, staleness, 1, nproc=n, timeout_s=60)
+    total = sum((r + 1) * (c + 1) for r in range(n) for c in range(clocks))
+    for seen, final in out:
+        torch.testing.assert_close(final, torch.full((numel,), -float(total)))
+        if staleness is not None:  # at clock c every worker had pushed c + 1 - s times
+            for clock, versions in enumerate(seen):
+                assert min(versions) >= n * (clock + 1 - staleness), (clock, versions)
+
+
+def test_a_worker_that_stops_pushing_is_named_not_waited_on():
+    with pytest.raises(DssyncError, match=r"rank 0: .* shard of rank 0: .*waited 2 s for workers \[1\]"):
+        run_ranks(ps_with_a_silent_worker, 64, nproc=2, timeout_s=30, job_timeout_s=120)
+
+
+def test_gossip_peers_are_an_involution_over_every_dimension():
+    for n in (2, 5, 8, 12):
+        dims = (n - 1).bit_length()
+        for step in range(dims):
+            for r in range(n):
+                p = gossip_peer(r, n, step)
+                assert p is None or (p != r and gossip_peer(p, n, step) == r)
+    assert gossip_peer(0, 1, 0) is None
+
+
+def test_parameter_server_strategies_refuse_an_optimizer_they_cannot_run():
+    from torch import nn
+
+    from dssync.collectives.fake import FakeWorld
+    from dssync.strategies import ASPStrategy
+    from dssync.strategy import StrategyContext
+    from dssync.topology import Topology
+
+    def body(comm):
+        model = nn.Linear(3, 2)
+        strategy = ASPStrategy(StrategyContext(comm=comm, model=model, topology=Topology.from_rack_sizes([1])))
+        with pytest.raises(DssyncError, match="torch.optim.SGD"):
+            strategy.wrap_optimizer(torch.optim.Adam(model.parameters()))
+        with pytest.raises(DssyncError, match="wrap_optimizer"):
+            strategy.setup()
+    FakeWorld(1).run(body)
