@@ -138,3 +138,30 @@ def test_bench_overlap_rejects_bad_input_before_building_anything(args, needle):
     proc = dssync("bench", "overlap", *args)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert needle in proc.stderr
+
+
+def test_bench_allreduce_reports_nccl_tests_columns_and_no_wrong_elements(tmp_path):
+    out = tmp_path / "ar.json"
+    proc = dssync("bench", "allreduce", "--nproc", "4", "--rack-sizes", "3,1", "--groups", "racks",
+                  "--sizes", "4K:64K", "--iters", "3", "--warmup", "1", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "#wrong" in proc.stdout and "busbw" in proc.stdout and "Avg bus bandwidth" in proc.stdout
+    record = json.loads(out.read_text())
+    assert [r["size"] for r in record["rows"]] == [4096, 16384, 65536]
+    for row in record["rows"]:
+        assert row["wrong"] == 0 and row["group_size"] == 3 and row["count"] == row["size"] // 4
+        assert row["algbw_gbs"] == pytest.approx(row["size"] / (row["time_us"] * 1e-6) / 1e9)
+        assert row["busbw_gbs"] == pytest.approx(row["algbw_gbs"] * 2 * 2 / 3)
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--sizes", "lots"], "a size looks like 1024, 1K, 256M or 1G"),
+    (["--sizes", "1M:1K"], "sizes must run from at least 4 bytes upward"),
+    (["--factor", "1"], "the size factor must be at least 2"),
+    (["--groups", "everyone"], "--groups is world, racks or a schedule.json file"),
+    (["--groups", "racks", "--rack-sizes", "2,2"], "the topology has 4 workers but the job has 8 ranks"),
+])
+def test_bench_allreduce_rejects_bad_input_before_starting_ranks(args, needle):
+    proc = dssync("bench", "allreduce", *args)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert needle in proc.stderr

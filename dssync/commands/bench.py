@@ -5,15 +5,31 @@ from __future__ import annotations
 import argparse
 
 from dssync._jsonfile import write_json
-from dssync.commands._common import parse_rack_sizes
-from dssync.launch import run_ranks
+from dssync.commands._common import add_topology_options, parse_rack_sizes, topology_from_args
+from dssync.launch import from_environ, run_ranks
 
-__all__ = ["add_parser", "run_averaging", "run_overlap", "run_probe_backends"]
+__all__ = ["add_parser", "run_allreduce", "run_averaging", "run_overlap", "run_probe_backends"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks")
     bsub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    r = bsub.add_parser("allreduce", help="allreduce time, algbw and busbw per size (nccl-tests style)",
+                        description="Time allreduce over a size sweep on the whole world, on the racks "
+                        "at once, or on the groups of a schedule, round by round, all groups of a round "
+                        "at once. Without a launcher, spawns --nproc local ranks.")
+    r.add_argument("--sizes", default="1K:64M", metavar="LO[:HI]", help="size sweep, e.g. 1K:256M (default 1K:64M)")
+    r.add_argument("--factor", type=int, default=4, help="multiply the size by this much each row (default 4)")
+    r.add_argument("--groups", default="world", metavar="world|racks|SCHEDULE.json")
+    r.add_argument("--warmup", type=int, default=5, help="untimed ops per size")
+    r.add_argument("--iters", type=int, default=20, help="timed ops per size")
+    r.add_argument("--nproc", type=int, default=None, help="local ranks (default 8 without a launcher)")
+    r.add_argument("--backend", default="torch", choices=("torch", "mpi", "horovod"))
+    r.add_argument("--timeout", type=float, default=300.0)
+    r.add_argument("--json", metavar="OUT")
+    add_topology_options(r)
+    r.set_defaults(run=run_allreduce)
+
     a = bsub.add_parser("averaging", help="ds-sync group averaging vs a bare allreduce, same groups",
                         description="DS-Sync's parameter averaging of a model of --size-mb vs a bare "
                         "dist.all_reduce of one pre-flattened buffer on the same groups, interleaved "
@@ -56,6 +72,48 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--reps", type=int, default=3)
     o.add_argument("--json", metavar="OUT")
     o.set_defaults(run=run_overlap)
+
+
+def run_allreduce(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from dssync.bench.allreduce import allreduce_rank, format_table, size_sweep
+    from dssync.schedule import Schedule
+    from dssync.topology import Topology
+
+    if args.backend != "torch":
+        raise ValueError(f"--backend {args.backend} is not available in this version of dssync; use --backend torch")
+    if args.warmup < 0 or args.iters < 1:
+        raise ValueError("--warmup must be at least 0 and --iters at least 1")
+    sizes = size_sweep(args.sizes, args.factor)
+    launched = from_environ()
+    world = launched.world_size if launched is not None else (args.nproc or 8)
+    if args.groups == "world":
+        rounds = [[list(range(world))]]
+    elif args.groups == "racks":
+        topo = topology_from_args(args) or Topology.even(world, min(args.racks or 2, world))
+        if topo.world_size != world:
+            raise ValueError(f"the topology has {topo.world_size} workers but the job has {world} ranks")
+        rounds = [topo.racks()]
+    elif Path(args.groups).suffix == ".json":
+        schedule = Schedule.load(args.groups)
+        if schedule.world_size != world:
+            raise ValueError(f"the schedule is for {schedule.world_size} ranks but the job has {world}")
+        rounds = [[list(g) for g in r] for r in schedule.period]
+    else:
+        raise ValueError(f"--groups is world, racks or a schedule.json file, got {args.groups!r}")
+    record = run_ranks(allreduce_rank, sizes, rounds, args.warmup, args.iters,
+                       nproc=None if launched is not None else world, timeout_s=args.timeout)[0]
+    if record is None:
+        return 0
+    record.update({"world_size": world, "groups": args.groups, "rounds": rounds,
+                   "warmup": args.warmup, "iters": args.iters, "backend": args.backend})
+    print(format_table(record, f"allreduce, {world} ranks, groups {args.groups} "
+                       f"({len(rounds)} round(s) of {[len(g) for g in rounds[0]]}), backend {args.backend}, "
+                       f"warmup {args.warmup}, iters {args.iters}"))
+    if args.json:
+        write_json(args.json, record)
+    return 0
 
 
 def run_averaging(args: argparse.Namespace) -> int:
