@@ -165,3 +165,14 @@ def test_bench_allreduce_rejects_bad_input_before_starting_ranks(args, needle):
     proc = dssync("bench", "allreduce", *args)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert needle in proc.stderr
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--scenario", "busy"], "unknown scenario 'busy'"),
+    (["--strategies", "allreduce,nope"], "unknown strategy 'nope'"),
+    (["--repeats", "0"], "repeats, steps and eval_every must be positive"),
+])
+def test_bench_compare_rejects_bad_input_before_building_anything(args, needle):
+    proc = dssync("bench", "compare", *args)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert needle in proc.stderr

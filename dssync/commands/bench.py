@@ -8,7 +8,7 @@ from dssync._jsonfile import write_json
 from dssync.commands._common import add_topology_options, parse_rack_sizes, topology_from_args
 from dssync.launch import from_environ, run_ranks
 
-__all__ = ["add_parser", "run_allreduce", "run_averaging", "run_overlap", "run_probe_backends"]
+__all__ = ["add_parser", "run_allreduce", "run_compare", "run_averaging", "run_overlap", "run_probe_backends"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -29,6 +29,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--json", metavar="OUT")
     add_topology_options(r)
     r.set_defaults(run=run_allreduce)
+
+    c = bsub.add_parser("compare", help="every strategy on the same task and emulated network (needs root)",
+                        description="For each scenario, build the emulated cluster, train every strategy on "
+                        "the same task (interleaved, --repeats seeds), and report comm ms/iter, wall time, "
+                        "best accuracy and time to allreduce's target accuracy.")
+    c.add_argument("--scenario", default="static", metavar="S[,S...]",
+                   help="static, inter-rack, inter-rack+nic, or several, comma-separated")
+    c.add_argument("--strategies", default="allreduce,hierarchical,gossip,asp,ds-sync", metavar="A,B,...")
+    c.add_argument("--task", default="digits")
+    c.add_argument("--steps", type=int, default=300)
+    c.add_argument("--repeats", type=int, default=1)
+    c.add_argument("--eval-every", type=int, default=10)
+    c.add_argument("--adjust-every", type=int, default=25, help="ds-sync's regrouping interval (0: off)")
+    c.add_argument("--model-mb", type=float, default=1.0, help="model size of the synthetic task")
+    c.add_argument("--json", metavar="OUT", help="one record per run (train --json keys plus scenario)")
+    c.add_argument("--markdown", metavar="OUT", help="the summary table as markdown")
+    c.add_argument("--plot", metavar="OUT.png")
+    c.set_defaults(run=run_compare)
 
     a = bsub.add_parser("averaging", help="ds-sync group averaging vs a bare allreduce, same groups",
                         description="DS-Sync's parameter averaging of a model of --size-mb vs a bare "
@@ -113,6 +131,36 @@ def run_allreduce(args: argparse.Namespace) -> int:
                        f"warmup {args.warmup}, iters {args.iters}"))
     if args.json:
         write_json(args.json, record)
+    return 0
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from dssync.bench.compare import compare, markdown_table, plot, summarize
+    from dssync.strategies import get_strategy
+
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    for s in strategies:
+        get_strategy(s)  # unknown names fail here, before any network is built
+    scenarios = [s.strip() for s in args.scenario.split(",") if s.strip()]
+    console = Console(stderr=True)
+    records = compare(scenarios, strategies, task=args.task, steps=args.steps, repeats=args.repeats,
+                      eval_every=args.eval_every, adjust_every=args.adjust_every, model_mb=args.model_mb,
+                      progress=lambda r: console.print(
+                          f"{r['scenario']} {r['strategy']} seed {r['repeat']}: comm {r['comm_ms_per_iter']:.1f} "
+                          f"ms/iter, wall {r['wall_s']:.1f} s, best accuracy {r['best_accuracy']:.4f}"))
+    rows = summarize(records)
+    table = markdown_table(rows)
+    print(table)
+    if args.json:
+        write_json(args.json, records)
+    if args.markdown:
+        Path(args.markdown).write_text(table + "\n")
+    if args.plot:
+        plot(records, rows, args.plot)
     return 0
 
 

@@ -1,0 +1,145 @@
+"""``dssync bench compare``: every strategy on the same task, on the same emulated network.
+
+For each scenario (DESIGN section 6) one cluster is built and its background flows started;
+then every strategy trains the task ``repeats`` times (seeds 0, 1, ...), strategies
+interleaved within a repeat so that slow drift of the machine falls on all of them alike,
+each run a real ``dssync emulate run -- dssync train`` job. Every strategy gets the racks
+(``--rack-sizes``), nothing more; ds-sync finds the contention itself (``--adjust-every``).
+
+Per strategy and scenario the summary holds the medians over repeats of communication
+ms/iter (DESIGN section 7) and wall time, the best accuracy, and the time and iterations to
+the target accuracy: the lowest best accuracy allreduce reached over its repeats (paper
+section V-A.2). A strategy that never reaches it has ``None``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from dssync.bench.overlap import train_on_cluster
+from dssync.launch import emulate
+
+__all__ = ["compare", "markdown_table", "plot", "summarize"]
+
+
+def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = "digits", steps: int = 300,
+            repeats: int = 1, eval_every: int = 10, adjust_every: int = 25, model_mb: float = 1.0,
+            name: str = "cmp", timeout_s: float = 1800.0,
+            progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Train every strategy on every scenario; one ``train --json`` record per run, plus
+    ``scenario`` and ``repeat``."""
+    unknown = [s for s in scenarios if s not in emulate.SCENARIOS]
+    if unknown:
+        raise ValueError(f"unknown scenario {unknown[0]!r}; choose from {', '.join(emulate.SCENARIOS)}")
+    if repeats < 1 or steps < 1 or eval_every < 1:
+        raise ValueError(f"repeats, steps and eval_every must be positive, got {repeats}, {steps}, {eval_every}")
+    records = []
+    for scenario in scenarios:
+        spec = emulate.SCENARIOS[scenario]
+        sizes = ",".join(map(str, spec["rack_sizes"]))
+        with emulate.cluster(spec["rack_sizes"], nic=spec["nic"], uplink=spec["uplink"], name=name), \
+                tempfile.TemporaryDirectory() as tmp:
+            if spec["flows"]:
+                emulate.contend(name=name, flows=spec["flows"])
+            for rep in range(repeats):
+                for strategy in strategies:
+                    args = ["--strategy", strategy, "--task", task, "--steps", str(steps), "--seed", str(rep),
+                            "--eval-every", str(eval_every), "--rack-sizes", sizes, "--model-mb", str(model_mb)]
+                    if strategy == "ds-sync" and adjust_every:
+                        args += ["--adjust-every", str(adjust_every)]
+                    rec = train_on_cluster(name, Path(tmp) / f"{strategy}-{rep}.json", args, timeout_s=timeout_s)
+                    rec.update({"scenario": scenario, "repeat": rep})
+                    records.append(rec)
+                    if progress is not None:
+                        progress(rec)
+    return records
+
+
+def _time_to(curve: list[dict[str, float]], target: float) -> tuple[float | None, int | None]:
+    for point in curve:
+        if point["accuracy"] >= target - 1e-12:
+            return point["wall_s"], int(point["step"])
+    return None, None
+
+
+def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (scenario, strategy): medians over repeats and time to allreduce's target."""
+    rows = []
+    for scenario in dict.fromkeys(r["scenario"] for r in records):
+        runs = [r for r in records if r["scenario"] == scenario]
+        baseline = [r["best_accuracy"] for r in runs if r["strategy"] == "allreduce"]
+        target = min(baseline) if baseline else None
+        for strategy in dict.fromkeys(r["strategy"] for r in runs):
+            mine = [r for r in runs if r["strategy"] == strategy]
+            reached = [_time_to(r["curve"], target) for r in mine] if target is not None else []
+            times = [t for t, _ in reached if t is not None]
+            iters = [i for _, i in reached if i is not None]
+            rows.append({
+                "scenario": scenario, "strategy": strategy, "repeats": len(mine),
+                "comm_ms_per_iter": statistics.median(r["comm_ms_per_iter"] for r in mine),
+                "wall_s": statistics.median(r["wall_s"] for r in mine),
+                "best_accuracy": statistics.median(r["best_accuracy"] for r in mine),
+                "target_accuracy": target,
+                "time_to_target_s": statistics.median(times) if len(times) == len(mine) and times else None,
+                "iterations_to_target": statistics.median(iters) if len(iters) == len(mine) and iters else None,
+                "steps": mine[0]["steps"],
+            })
+        ar = next((r for r in rows if r["scenario"] == scenario and r["strategy"] == "allreduce"), None)
+        for row in rows:
+            if row["scenario"] == scenario:
+                row["allreduce_over_this_comm"] = (ar["comm_ms_per_iter"] / row["comm_ms_per_iter"]
+                                                   if ar and row["comm_ms_per_iter"] > 0 else None)
+    return rows
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+    def fmt(value: Any, spec: str) -> str:
+        return "n/a" if value is None else format(value, spec)
+
+    lines = ["| scenario | strategy | comm ms/iter | allreduce ÷ this | wall s | best acc. | target | "
+             "time to target s | iters to target |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['scenario']} | {r['strategy']} | {r['comm_ms_per_iter']:.1f} | "
+                     f"{fmt(r['allreduce_over_this_comm'], '.2f')} | {r['wall_s']:.1f} | "
+                     f"{r['best_accuracy']:.4f} | {fmt(r['target_accuracy'], '.4f')} | "
+                     f"{fmt(r['time_to_target_s'], '.1f')} | {fmt(r['iterations_to_target'], '.0f')} |")
+    return "\n".join(lines)
+
+
+def plot(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], out: str | Path) -> None:
+    """Comm ms/iter per strategy per scenario (bars) and accuracy against wall time (curves)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+    strategies = list(dict.fromkeys(r["strategy"] for r in rows))
+    fig, axes = plt.subplots(1, 1 + len(scenarios), figsize=(5 * (1 + len(scenarios)), 4), squeeze=False)
+    ax = axes[0][0]
+    width = 0.8 / max(1, len(strategies))
+    for k, strategy in enumerate(strategies):
+        values = [next((r["comm_ms_per_iter"] for r in rows if r["scenario"] == s and r["strategy"] == strategy), 0)
+                  for s in scenarios]
+        ax.bar([i + k * width for i in range(len(scenarios))], values, width, label=strategy)
+    ax.set_xticks([i + width * (len(strategies) - 1) / 2 for i in range(len(scenarios))], scenarios)
+    ax.set_ylabel("communication ms / iteration")
+    ax.legend(fontsize="small")
+    for j, scenario in enumerate(scenarios):
+        ax = axes[0][1 + j]
+        for strategy in strategies:
+            run = next((r for r in records if r["scenario"] == scenario and r["strategy"] == strategy
+                        and r["repeat"] == 0), None)
+            if run is not None:
+                ax.plot([p["wall_s"] for p in run["curve"]], [p["accuracy"] for p in run["curve"]], label=strategy)
+        ax.set_title(scenario)
+        ax.set_xlabel("wall time s (evaluation excluded)")
+        ax.set_ylabel("test accuracy")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)

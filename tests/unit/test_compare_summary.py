@@ -1,0 +1,51 @@
+"""``bench compare``'s summary, on records whose answers are worked out by hand."""
+
+import pytest
+
+from dssync.bench.compare import markdown_table, summarize
+
+
+def run(strategy, repeat, comm, wall, curve, scenario="inter-rack"):
+    return {"scenario": scenario, "strategy": strategy, "repeat": repeat, "steps": curve[-1][0],
+            "comm_ms_per_iter": comm, "wall_s": wall, "best_accuracy": max(a for _, _, a in curve),
+            "curve": [{"step": s, "wall_s": w, "accuracy": a} for s, w, a in curve]}
+
+
+RECORDS = [
+    run("allreduce", 0, 100.0, 10.0, [(10, 5.0, 0.80), (20, 10.0, 0.90)]),
+    run("allreduce", 1, 120.0, 12.0, [(10, 6.0, 0.85), (20, 12.0, 0.95)]),
+    run("ds-sync", 0, 40.0, 4.0, [(10, 2.0, 0.88), (20, 4.0, 0.93)]),
+    run("ds-sync", 1, 60.0, 6.0, [(10, 3.0, 0.91), (20, 6.0, 0.92)]),
+    run("asp", 0, 10.0, 1.0, [(10, 0.5, 0.70), (20, 1.0, 0.89)]),
+    run("asp", 1, 10.0, 1.0, [(10, 0.5, 0.70), (20, 1.0, 0.91)]),
+]
+
+
+def test_target_is_allreduces_lowest_best_and_times_are_medians_over_repeats():
+    rows = {r["strategy"]: r for r in summarize(RECORDS)}
+    assert rows["allreduce"]["target_accuracy"] == pytest.approx(0.90)  # min(0.90, 0.95)
+    assert rows["allreduce"]["comm_ms_per_iter"] == pytest.approx(110.0)
+    assert rows["ds-sync"]["comm_ms_per_iter"] == pytest.approx(50.0)
+    assert rows["ds-sync"]["allreduce_over_this_comm"] == pytest.approx(2.2)
+    # ds-sync reaches 0.90 at step 20 (4.0 s) in repeat 0 and at step 10 (3.0 s) in repeat 1.
+    assert rows["ds-sync"]["time_to_target_s"] == pytest.approx(3.5)
+    assert rows["ds-sync"]["iterations_to_target"] == pytest.approx(15)
+    assert rows["allreduce"]["time_to_target_s"] == pytest.approx(11.0)
+    # asp reaches 0.90 only in repeat 1: no time to target.
+    assert rows["asp"]["time_to_target_s"] is None and rows["asp"]["iterations_to_target"] is None
+
+
+def test_scenarios_are_summarized_apart_and_the_table_shows_every_row():
+    other = [dict(r, scenario="static") for r in RECORDS[:2]]
+    rows = summarize(RECORDS + other)
+    assert [(r["scenario"], r["strategy"]) for r in rows] == [
+        ("inter-rack", "allreduce"), ("inter-rack", "ds-sync"), ("inter-rack", "asp"),
+        ("static", "allreduce")]
+    table = markdown_table(rows).splitlines()
+    assert len(table) == 2 + 4
+    assert "| inter-rack | asp | 10.0 | 11.00 |" in table[4] and table[4].endswith("| n/a | n/a |")
+
+
+def test_without_allreduce_there_is_no_target():
+    rows = summarize([r for r in RECORDS if r["strategy"] != "allreduce"])
+    assert all(r["target_accuracy"] is None and r["allreduce_over_this_comm"] is None for r in rows)
