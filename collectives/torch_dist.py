@@ -146,23 +146,22 @@ class TorchCommunicator(Communicator):
         scale = (tensor, 1.0 / size) if average and not native_avg else None
         return _TorchWork(work, describe, self.timeout_s, scale)
 
-    def broadcast_(self, tensor: torch.Tensor, src: int = 0, group: Group | None = None) -> None:
+    def _blocking(self, op: str, group: Group | None, start: Any) -> None:
+        """Run ``start(process_group)`` (an async torch op) and wait for it, bounded and named."""
         pg = self._process_group(group)
-        describe = self._describe(f"broadcast from rank {src}", group)
+        describe = self._describe(op, group)
         try:
-            work = dist.broadcast(tensor, src=src, group=pg, async_op=True)
+            work = start(pg)
         except RuntimeError as exc:
             raise CommunicationError(f"{describe} failed: {_first_line(exc)}") from None
         _TorchWork(work, describe, self.timeout_s).wait()
 
+    def broadcast_(self, tensor: torch.Tensor, src: int = 0, group: Group | None = None) -> None:
+        self._blocking(f"broadcast from rank {src}", group,
+                       lambda pg: dist.broadcast(tensor, src=src, group=pg, async_op=True))
+
     def reduce_(self, tensor: torch.Tensor, dst: int, group: Group | None = None) -> None:
-        pg = self._process_group(group)
-        describe = self._describe(f"reduce to rank {dst}", group)
-        try:
-            work = dist.reduce(tensor, dst=dst, group=pg, async_op=True)
-        except RuntimeError as exc:
-            raise CommunicationError(f"{describe} failed: {_first_line(exc)}") from None
-        _TorchWork(work, describe, self.timeout_s).wait()
+        self._blocking(f"reduce to rank {dst}", group, lambda pg: dist.reduce(tensor, dst=dst, group=pg, async_op=True))
 
     def sendrecv_(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None:
         describe = f"rank {self.rank}: send to rank {dst} / receive from rank {src} (timeout {self.timeout_s:.0f} s)"

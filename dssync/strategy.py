@@ -25,7 +25,7 @@ from dssync.collectives import Communicator
 from dssync.schedule import Schedule
 from dssync.topology import Topology
 
-__all__ = ["Strategy", "StrategyContext"]
+__all__ = ["StepsElsewhere", "Strategy", "StrategyContext"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,3 +102,20 @@ class Strategy(ABC):  # noqa: B024 - every hook has a no-op default
     def _after_comm(self, step: int) -> None:
         """Local bookkeeping after the iteration's communication (not timed)."""
         return None
+
+
+class StepsElsewhere(torch.optim.Optimizer):
+    """Stands in for the loop's optimizer when a strategy steps elsewhere (inside backward
+    hooks, or on parameter servers): ``step()`` does nothing, ``zero_grad()`` still clears."""
+
+    def __init__(self, inner: torch.optim.Optimizer) -> None:  # noqa: D107 - no super(): no state of its own
+        self.inner = inner
+        self.param_groups = inner.param_groups
+        self.state = inner.state
+        self.defaults = inner.defaults
+
+    def step(self, closure: Any = None) -> None:
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none=set_to_none)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -24,7 +23,7 @@ from dssync.errors import DssyncError
 from dssync.flat import flatten_parameters
 from dssync.ps import ParameterServer
 from dssync.strategies.allreduce import GradientBuffer
-from dssync.strategy import Strategy, StrategyContext
+from dssync.strategy import StepsElsewhere, Strategy, StrategyContext
 
 __all__ = ["ASPStrategy", "SSPStrategy"]
 
@@ -64,7 +63,7 @@ class ASPStrategy(Strategy):
                               "dampening or Nesterov")
         lr = group["lr"] / (self.comm.world_size if self.config.scale_lr else 1)
         self._settings = {"lr": lr, "momentum": group.get("momentum", 0.0)}
-        return _ServerSide(optimizer)
+        return StepsElsewhere(optimizer)
 
     def setup(self) -> None:
         if self._settings is None:
@@ -107,19 +106,3 @@ class SSPStrategy(ASPStrategy):
     def __init__(self, ctx: StrategyContext, config: Config | None = None) -> None:
         super().__init__(ctx, config)
         self.staleness = self.config.staleness
-
-
-class _ServerSide(torch.optim.Optimizer):
-    """Stands in for the loop's optimizer: the steps run on the parameter servers."""
-
-    def __init__(self, inner: torch.optim.Optimizer) -> None:  # noqa: D107 - no super(): no state of its own
-        self.inner = inner
-        self.param_groups = inner.param_groups
-        self.state = inner.state
-        self.defaults = inner.defaults
-
-    def step(self, closure: Any = None) -> None:
-        return None
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.inner.zero_grad(set_to_none=set_to_none)

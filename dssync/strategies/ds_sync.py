@@ -41,7 +41,7 @@ from dssync.flat import flatten_parameters
 from dssync.planner import contended, plan
 from dssync.regroup import Record, sense_contention
 from dssync.schedule import Schedule
-from dssync.strategy import Strategy, StrategyContext
+from dssync.strategy import StepsElsewhere, Strategy, StrategyContext
 from dssync.topology import Topology
 
 __all__ = ["DSSyncStrategy"]
@@ -124,7 +124,7 @@ class DSSyncStrategy(Strategy):
             settings = {k: v for k, v in group.items() if k != "params"}
             for p in group["params"]:
                 self._param_optimizers[p] = type(optimizer)([p], **settings)
-        return _SteppedInBackward(optimizer)
+        return StepsElsewhere(optimizer)
 
     def _install_hooks(self) -> None:
         if not self._param_optimizers:
@@ -314,19 +314,3 @@ def _contiguous_view(params: list[nn.Parameter], flats: list[torch.Tensor]) -> t
             if stop - start == sum(p.numel() for p in params):
                 return flat[start:stop]
     return None
-
-
-class _SteppedInBackward(torch.optim.Optimizer):
-    """Stands in for the loop's optimizer: the real steps ran in the backward hooks."""
-
-    def __init__(self, inner: torch.optim.Optimizer) -> None:  # noqa: D107 - no super(): no state of its own
-        self.inner = inner
-        self.param_groups = inner.param_groups
-        self.state = inner.state
-        self.defaults = inner.defaults
-
-    def step(self, closure: Any = None) -> None:
-        return None
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.inner.zero_grad(set_to_none=set_to_none)
