@@ -8,12 +8,12 @@ import sys
 from collections.abc import Sequence
 
 from dssync import __version__
-from dssync.commands import bench, demo, emulate, plan, probe, train
+from dssync.commands import bench, demo, emulate, plan, probe, simulate, train
 from dssync.errors import DssyncError
 
 __all__ = ["main"]
 
-_COMMANDS = (demo, train, plan, bench, emulate, probe)
+_COMMANDS = (demo, train, plan, bench, emulate, probe, simulate)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 
 from dssync.errors import ScheduleError
+from dssync.planner import static_plan
 from dssync.schedule import Schedule, averaging_matrix, mixing_rho
+from dssync.topology import Topology
 
 PERIOD = [[[0, 4], [1, 2, 3], [5, 6, 7]], [[1, 5], [0, 2, 3], [4, 6, 7]],
           [[2, 6], [0, 1, 3], [4, 5, 7]], [[3, 7], [0, 1, 2], [4, 5, 6]]]
@@ -70,3 +72,14 @@ def test_file_errors(tmp_path):
     path.write_text("[1, 2]")
     with pytest.raises(ScheduleError, match="JSON object"):
         Schedule.load(path)
+
+
+@pytest.mark.parametrize("sizes", [[4, 4], [5, 3], [3, 2, 4], [8] * 8, [16] * 16, [2] * 40])
+def test_rho_without_the_dense_product_equals_the_dense_one(sizes):
+    from dssync.planner import adjusted_plan
+    from dssync.schedule import _mixing_rho_sparse
+
+    topo = Topology.from_rack_sizes(sizes)
+    for schedule in (static_plan(topo), adjusted_plan(topo, slow_uplinks=[0], slow_nics=[1])):
+        n = schedule.world_size
+        assert _mixing_rho_sparse(schedule.period, n) == pytest.approx(mixing_rho(schedule.period, n), abs=1e-7)

@@ -1,0 +1,186 @@
+"""``dssync simulate``: communication time per iteration of each strategy, without a cluster.
+
+Two models, both in the alpha-beta terms of the paper's Table II (``alpha`` seconds per hop,
+a link's bytes per second):
+
+- ``table_ii``: the paper's closed forms for N workers in C racks of G, with an intra-rack
+  and an inter-rack per-byte delay;
+- ``simulate``: an iteration-level simulation on a concrete topology. Every collective is
+  decomposed into the steps its algorithm takes (ring allreduce: ``2(n-1)`` steps of
+  ``S/n`` bytes per member; a pairwise swap: one step of ``S`` each way; the parameter
+  server: every worker sends and receives ``S/N`` to and from every shard). In a step, all
+  flows of all groups that run at once share the links they cross: a worker's NIC (each
+  direction) and its rack's uplink (each direction). A link of capacity ``B`` carrying ``f``
+  of the job's flows and ``k`` background TCP streams gives each job flow ``B / (f + k)``
+  (TCP's per-stream share, as on the emulated cluster); a step lasts ``alpha`` plus the
+  slowest flow's bytes over its rate, a group's collective the sum of its steps, and an
+  iteration as long as its slowest group (the round's groups run at once).
+
+Steps of one pattern repeat (every ring step moves the same bytes over the same links), so
+each distinct round is computed once, with numpy over all flows, and an iteration's time
+is looked up; 1000 iterations of 4096 workers take seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dssync.planner import plan
+from dssync.strategies.gossip import gossip_peer
+from dssync.topology import Topology
+
+__all__ = ["Network", "simulate", "table_ii"]
+
+STRATEGIES = ("allreduce", "hierarchical", "gossip", "asp", "ds-sync")
+
+
+@dataclass(frozen=True)
+class Network:
+    """Capacities (bytes/s) and background TCP streams per link direction."""
+
+    rack_sizes: tuple[int, ...]
+    nic_bps: float = 125e6
+    uplink_bps: float = 125e6
+    alpha_s: float = 50e-6
+    uplink_out_streams: dict[int, int] = field(default_factory=dict)
+    """Background streams leaving rack r through its uplink."""
+    nic_out_streams: dict[int, int] = field(default_factory=dict)
+    """Background streams leaving worker i through its NIC (and, with ``nic_crosses``, its rack's uplink)."""
+    nic_crosses_uplink: bool = True
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.rack_sizes)
+
+    def rack_of(self) -> np.ndarray:
+        return np.repeat(np.arange(len(self.rack_sizes)), self.rack_sizes)
+
+    def topology(self) -> Topology:
+        return Topology.from_rack_sizes(list(self.rack_sizes))
+
+
+def _step_time(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> float:
+    """Seconds for one step in which flow ``k`` moves ``nbytes[k]`` from ``src[k]`` to ``dst[k]``."""
+    if src.size == 0:
+        return 0.0
+    return net.alpha_s + float(_per_flow_times(net, src, dst, nbytes).max())
+
+
+def _ring_round(net: Network, groups: Sequence[Sequence[int]], size_bytes: float) -> float:
+    """All ``groups`` ring-allreduce ``size_bytes`` at once; the slowest group's time."""
+    groups = [sorted(g) for g in groups if len(g) > 1]
+    if not groups:
+        return 0.0
+    src = np.concatenate([np.asarray(g) for g in groups])
+    dst = np.concatenate([np.roll(np.asarray(g), -1) for g in groups])
+    sizes = np.concatenate([np.full(len(g), size_bytes / len(g)) for g in groups])
+    steps = np.concatenate([np.full(len(g), 2 * (len(g) - 1)) for g in groups])
+    # Every step of every group's ring uses the same links; groups with fewer steps finish
+    # first, but while they run they share links with the others, so each group's step time
+    # is its own flows' slowest rate under the common load (a bound, exact when all groups
+    # have the same size).
+    per_flow = _per_flow_times(net, src, dst, sizes)
+    out = 0.0
+    start = 0
+    for g in groups:
+        stop = start + len(g)
+        out = max(out, float(steps[start]) * (net.alpha_s + float(per_flow[start:stop].max())))
+        start = stop
+    return out
+
+
+def _per_flow_times(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+    n, racks = net.world_size, net.rack_of()
+    num_racks = len(net.rack_sizes)
+    rs, rd = racks[src], racks[dst]
+    cross = rs != rd
+    nic_out = np.bincount(src, minlength=n).astype(float)
+    nic_in = np.bincount(dst, minlength=n).astype(float)
+    up_out = np.bincount(rs[cross], minlength=num_racks).astype(float)
+    up_in = np.bincount(rd[cross], minlength=num_racks).astype(float)
+    bg_nic, bg_up = np.zeros(n), np.zeros(num_racks)
+    for i, k in net.nic_out_streams.items():
+        bg_nic[i] += k
+        if net.nic_crosses_uplink:
+            bg_up[racks[i]] += k
+    for r, k in net.uplink_out_streams.items():
+        bg_up[r] += k
+    rate = np.minimum(net.nic_bps / (nic_out[src] + bg_nic[src]), net.nic_bps / nic_in[dst])
+    rate[cross] = np.minimum(rate[cross], np.minimum(net.uplink_bps / (up_out[rs[cross]] + bg_up[rs[cross]]),
+                                                     net.uplink_bps / up_in[rd[cross]]))
+    return nbytes / rate
+
+
+def _world_ring_order(net: Network) -> list[int]:
+    return list(range(net.world_size))  # ranks are numbered rack by rack: one crossing per boundary
+
+
+def iteration_times(net: Network, strategy: str, size_bytes: float, iterations: int) -> np.ndarray:
+    """Communication seconds of each of ``iterations`` iterations of ``strategy``."""
+    n = net.world_size
+    racks = [list(r) for r in net.topology().racks()]
+    if strategy == "allreduce":
+        return np.full(iterations, _ring_round(net, [_world_ring_order(net)], size_bytes))
+    if strategy == "hierarchical":
+        leaders = [r[0] for r in racks]
+        intra = _ring_round(net, racks, size_bytes) / 2  # reduce: half an allreduce's steps
+        inter = _ring_round(net, [leaders], size_bytes)
+        return np.full(iterations, 2 * intra + inter)  # reduce, leaders' allreduce, broadcast
+    if strategy == "gossip":
+        dims = max(1, (n - 1).bit_length())
+        per_dim = []
+        for k in range(dims):
+            src = np.array([r for r in range(n) if gossip_peer(r, n, k) is not None])
+            dst = np.array([gossip_peer(r, n, k) for r in src])
+            per_dim.append(_step_time(net, src, dst, np.full(src.size, size_bytes)) if src.size else 0.0)
+        return np.array([per_dim[t % dims] for t in range(iterations)])
+    if strategy == "asp":
+        src = np.repeat(np.arange(n), n)
+        dst = np.tile(np.arange(n), n)
+        keep = src != dst
+        one_way = _step_time(net, src[keep], dst[keep], np.full(int(keep.sum()), size_bytes / n))
+        return np.full(iterations, 2 * one_way)  # push, then pull
+    if strategy == "ds-sync":
+        topo = _with_contention(net)
+        period = plan(topo).period
+        per_round = [_ring_round(net, [list(g) for g in rnd], size_bytes) for rnd in period]
+        return np.array([per_round[t % len(per_round)] for t in range(iterations)])
+    raise ValueError(f"unknown strategy {strategy!r} for the simulator; choose from {', '.join(STRATEGIES)}")
+
+
+def _with_contention(net: Network) -> Topology:
+    """The topology ds-sync would probe: racks plus the contended uplinks and NICs."""
+    base = net.topology()
+    uplinks = sorted(set(net.uplink_out_streams) | ({int(net.rack_of()[i]) for i in net.nic_out_streams}
+                                                      if net.nic_crosses_uplink else set()))
+    contention = {"uplinks": [{"rack": r} for r in uplinks], "nics": [{"rank": i} for i in sorted(net.nic_out_streams)]}
+    data = base.to_dict()
+    data["contention"] = contention
+    return Topology.from_dict(data)
+
+
+def simulate(net: Network, strategies: Sequence[str], *, size_bytes: float, iterations: int = 1000) -> dict[str, Any]:
+    """Per strategy: median and mean communication ms per iteration over ``iterations``."""
+    out = {}
+    for s in strategies:
+        times = iteration_times(net, s, size_bytes, iterations)
+        out[s] = {"median_ms": 1e3 * float(np.median(times)), "mean_ms": 1e3 * float(np.mean(times)),
+                  "total_s": float(times.sum())}
+    return out
+
+
+def table_ii(*, workers: int, racks: int, size_bytes: float, alpha_s: float, beta1_s: float, beta2_s: float,
+             layers: int = 1) -> dict[str, float]:
+    """The paper's Table II (seconds per iteration), with ``G = workers / racks`` per rack."""
+    n, c, g, s, lat = workers, racks, workers / racks, size_bytes, layers * alpha_s
+    return {
+        "ps": 2 * (n - 1) * lat + 2 * ((c - 1) * g * s * beta2_s + (g - 1) * s * beta1_s),
+        "ring": 2 * (n - 1) * lat + 2 * (n - 1) * s * beta2_s / n,
+        "hierarchical": 2 * (g + c - 2) * lat + 2 * (g - 1) * s * beta1_s / g + 2 * (c - 1) * s * beta2_s / c,
+        "gossip": 2 * lat + 4 * s * beta2_s,
+        "ds-sync": max(2 * lat + 2 * s * beta2_s, 2 * (g - 1) * lat + 2 * (g - 2) * s * beta1_s / max(g - 1, 1)),
+    }

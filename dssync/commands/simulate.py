@@ -1,0 +1,81 @@
+"""``dssync simulate``: communication time per iteration of each strategy at any scale."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from dssync._jsonfile import write_json
+from dssync.commands._common import parse_rack_sizes
+
+__all__ = ["add_parser", "run"]
+
+#: Background TCP streams of the emulated scenarios (launch.emulate.FLOW_STREAMS).
+SCENARIO_STREAMS = 8
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("simulate", help="simulate each strategy's communication on a topology",
+                       description="Iteration-level simulation (alpha-beta, links shared by TCP stream) "
+                       "of each strategy's communication on racks with contention, and the paper's "
+                       "Table II closed forms.")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--racks", type=int, help="with --workers-per-rack")
+    g.add_argument("--rack-sizes", type=parse_rack_sizes, metavar="A,B,...")
+    p.add_argument("--workers-per-rack", type=int, default=None)
+    p.add_argument("--scenario", default="static", choices=("static", "inter-rack", "inter-rack+nic"),
+                   help="as on the emulated cluster: inter-rack puts 8 background TCP streams out of rack "
+                   "0's uplink; inter-rack+nic out of worker 4's NIC and through its rack's uplink")
+    p.add_argument("--strategies", default="allreduce,hierarchical,gossip,asp,ds-sync")
+    p.add_argument("--nic", default="1gbit")
+    p.add_argument("--uplink", default="1gbit")
+    p.add_argument("--alpha-us", type=float, default=50.0, help="seconds per hop, in microseconds")
+    p.add_argument("--size-mb", type=float, default=1.0, help="model size exchanged per iteration")
+    p.add_argument("--iterations", type=int, default=1000)
+    p.add_argument("--json", metavar="OUT")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from dssync.bench.simulate import Network, simulate
+    from dssync.launch.emulate import parse_rate
+
+    if args.racks is not None:
+        if not args.workers_per_rack or args.racks < 1 or args.workers_per_rack < 1:
+            raise ValueError("--racks needs a positive --workers-per-rack")
+        sizes = [args.workers_per_rack] * args.racks
+    else:
+        sizes = args.rack_sizes
+    if args.iterations < 1 or args.size_mb <= 0 or args.alpha_us < 0:
+        raise ValueError("--iterations and --size-mb must be positive, --alpha-us 0 or more")
+    uplink_bg, nic_bg = {}, {}
+    if args.scenario == "inter-rack":
+        uplink_bg = {0: SCENARIO_STREAMS}
+    elif args.scenario == "inter-rack+nic":
+        if sum(sizes) < 5:
+            raise ValueError("inter-rack+nic needs a worker 4 (the emulated scenario's contended NIC)")
+        nic_bg = {4: SCENARIO_STREAMS}
+    net = Network(tuple(sizes), nic_bps=parse_rate(args.nic) / 8, uplink_bps=parse_rate(args.uplink) / 8,
+                  alpha_s=args.alpha_us * 1e-6, uplink_out_streams=uplink_bg, nic_out_streams=nic_bg)
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    t0 = time.perf_counter()
+    result = simulate(net, strategies, size_bytes=args.size_mb * 1e6, iterations=args.iterations)
+    elapsed = time.perf_counter() - t0
+    table = Table(title=f"simulated: {len(sizes)} racks, {sum(sizes)} workers, {args.scenario}, NIC {args.nic}, "
+                  f"uplink {args.uplink}, alpha {args.alpha_us:g} us, {args.size_mb:g} MB, "
+                  f"{args.iterations} iterations ({elapsed:.1f} s)")
+    for col in ("strategy", "median comm ms/iter", "mean comm ms/iter", "allreduce ÷ this (median)"):
+        table.add_column(col, justify="right")
+    ar = result.get("allreduce", {}).get("median_ms")
+    for s, r in result.items():
+        table.add_row(s, f"{r['median_ms']:.2f}", f"{r['mean_ms']:.2f}",
+                      f"{ar / r['median_ms']:.2f}" if ar and r["median_ms"] > 0 else "n/a")
+    Console().print(table)
+    if args.json:
+        write_json(args.json, {"rack_sizes": sizes, "scenario": args.scenario, "nic": args.nic,
+                               "uplink": args.uplink, "alpha_us": args.alpha_us, "size_mb": args.size_mb,
+                               "iterations": args.iterations, "seconds": elapsed, "strategies": result})
+    return 0

@@ -1,0 +1,54 @@
+"""The simulator against closed forms worked out by hand (and the paper's Table II)."""
+
+import numpy as np
+import pytest
+
+from dssync.bench.simulate import Network, iteration_times, simulate, table_ii
+
+B = 125e6  # 1 Gbit/s in bytes/s
+S = 1e6
+ALPHA = 1e-4
+
+
+def test_ring_allreduce_on_clear_links_is_the_alpha_beta_formula_and_table_ii():
+    net = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=ALPHA)
+    n = 8
+    want = 2 * (n - 1) * (ALPHA + S / n / B)
+    assert iteration_times(net, "allreduce", S, 3) == pytest.approx(np.full(3, want))
+    ring = table_ii(workers=8, racks=2, size_bytes=S, alpha_s=ALPHA, beta1_s=1 / B, beta2_s=1 / B)["ring"]
+    assert ring == pytest.approx(want)
+
+
+def test_background_streams_take_their_tcp_share_of_the_uplink():
+    net = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=ALPHA, uplink_out_streams={0: 8})
+    # The ring's one flow out of rack 0 shares its uplink with 8 streams: 1/9 of it.
+    want = 2 * 7 * (ALPHA + S / 8 / (B / 9))
+    assert iteration_times(net, "allreduce", S, 1)[0] == pytest.approx(want)
+
+
+def test_gossip_cycles_through_the_hypercube_and_pays_for_shared_uplinks():
+    net = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=ALPHA)
+    times = iteration_times(net, "gossip", S, 6)
+    inside, across = ALPHA + S / B, ALPHA + S / (B / 4)  # XOR 4: four flows out of each rack
+    assert times == pytest.approx([inside, inside, across] * 2)
+
+
+def test_ds_sync_rounds_respect_the_lower_bound_and_beat_allreduce_under_contention():
+    net = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=0.0, uplink_out_streams={0: 8})
+    times = iteration_times(net, "ds-sync", S, 8)
+    # Every round has a cross-rack pair through the contended uplink: at best S bytes at B/9
+    # (DESIGN section 7: 2(n-1)/n * S / B with n = 2).
+    assert np.all(times >= S / (B / 9) - 1e-12)
+    out = simulate(net, ["allreduce", "ds-sync"], size_bytes=S, iterations=8)
+    assert out["allreduce"]["median_ms"] > out["ds-sync"]["median_ms"]
+
+
+def test_parameter_server_moves_every_shard_both_ways():
+    net = Network((2,), nic_bps=B, uplink_bps=B, alpha_s=0.0)
+    # Two workers, two shards: each sends S/2 to the other shard and receives S/2 back.
+    assert iteration_times(net, "asp", S, 1)[0] == pytest.approx(2 * (S / 2) / B)
+
+
+def test_unknown_strategy_is_named():
+    with pytest.raises(ValueError, match="unknown strategy 'nope'"):
+        iteration_times(Network((2, 2)), "nope", S, 1)
