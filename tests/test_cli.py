@@ -176,3 +176,26 @@ def test_bench_compare_rejects_bad_input_before_building_anything(args, needle):
     proc = dssync("bench", "compare", *args)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert needle in proc.stderr
+
+
+def test_simulate_writes_every_strategy_and_ds_sync_beats_allreduce_under_contention(tmp_path):
+    out = tmp_path / "sim.json"
+    proc = dssync("simulate", "--racks", "4", "--workers-per-rack", "4", "--scenario", "inter-rack",
+                  "--iterations", "50", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(out.read_text())
+    assert set(record["strategies"]) == {"allreduce", "hierarchical", "gossip", "asp", "ds-sync"}
+    ms = {s: r["median_ms"] for s, r in record["strategies"].items()}
+    assert ms["ds-sync"] < ms["allreduce"]
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--racks", "4"], "--racks needs a positive --workers-per-rack"),
+    (["--rack-sizes", "2,2", "--scenario", "inter-rack+nic"], "needs a worker 4"),
+    (["--rack-sizes", "2,2", "--strategies", "allreduce,nope"], "unknown strategy 'nope'"),
+    (["--rack-sizes", "2,2", "--iterations", "0"], "--iterations and --size-mb must be positive"),
+])
+def test_simulate_rejects_bad_input(args, needle):
+    proc = dssync("simulate", *args)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert needle in proc.stderr

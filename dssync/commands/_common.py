@@ -20,6 +20,15 @@ def parse_rack_sizes(text: str) -> list[int]:
     return sizes
 
 
+def rack_sizes_from_args(args: argparse.Namespace) -> list[int]:
+    """``--racks R --workers-per-rack W`` or ``--rack-sizes A,B,...`` as a list of sizes."""
+    if args.racks is not None:
+        if not args.workers_per_rack or args.racks < 1 or args.workers_per_rack < 1:
+            raise ValueError("--racks needs a positive --workers-per-rack")
+        return [args.workers_per_rack] * args.racks
+    return list(args.rack_sizes)
+
+
 def add_topology_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("topology")
     g.add_argument("--topology", metavar="FILE", help="topology.json (from `dssync probe` or by hand)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dssync.commands._common import parse_rack_sizes
+from dssync.commands._common import parse_rack_sizes, rack_sizes_from_args
 
 __all__ = ["add_parser"]
 
@@ -69,12 +69,7 @@ def _up(args: argparse.Namespace) -> int:
         sizes, flows = spec["rack_sizes"], spec["flows"]
         nic, uplink = args.nic or spec["nic"], args.uplink or spec["uplink"]
     else:
-        if args.racks is not None:
-            if not args.workers_per_rack or args.racks < 1 or args.workers_per_rack < 1:
-                raise ValueError("--racks needs a positive --workers-per-rack")
-            sizes = [args.workers_per_rack] * args.racks
-        else:
-            sizes = args.rack_sizes
+        sizes = rack_sizes_from_args(args)
         nic, uplink = args.nic or "1gbit", args.uplink or "1gbit"
     emulate.parse_rate(nic), emulate.parse_rate(uplink)  # fail on a bad rate before building
     cluster = emulate.up(sizes, nic=nic, uplink=uplink, name=args.name)

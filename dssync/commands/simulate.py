@@ -6,7 +6,7 @@ import argparse
 import time
 
 from dssync._jsonfile import write_json
-from dssync.commands._common import parse_rack_sizes
+from dssync.commands._common import parse_rack_sizes, rack_sizes_from_args
 
 __all__ = ["add_parser", "run"]
 
@@ -43,12 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from dssync.bench.simulate import Network, simulate
     from dssync.launch.emulate import parse_rate
 
-    if args.racks is not None:
-        if not args.workers_per_rack or args.racks < 1 or args.workers_per_rack < 1:
-            raise ValueError("--racks needs a positive --workers-per-rack")
-        sizes = [args.workers_per_rack] * args.racks
-    else:
-        sizes = args.rack_sizes
+    sizes = rack_sizes_from_args(args)
     if args.iterations < 1 or args.size_mb <= 0 or args.alpha_us < 0:
         raise ValueError("--iterations and --size-mb must be positive, --alpha-us 0 or more")
     uplink_bg, nic_bg = {}, {}
