@@ -16,10 +16,7 @@ shows; the record keeps the rates it ran at.
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
-import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,14 +29,8 @@ __all__ = ["compare_overlap", "train_on_cluster"]
 
 def train_on_cluster(name: str, out: Path, train_args: Sequence[str], *, timeout_s: float) -> dict[str, Any]:
     """``dssync emulate run -- dssync train ... --json OUT`` on cluster ``name``; its record."""
-    dssync = str(Path(sys.executable).with_name("dssync"))
-    proc = subprocess.run([dssync, "emulate", "run", "--name", name, "--timeout", str(timeout_s), "--",
-                           dssync, "train", "--no-progress", *train_args, "--json", str(out)],
-                          capture_output=True, text=True, timeout=timeout_s + 60)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
-        raise emulate.EmulationError(f"dssync train {' '.join(train_args)} failed (exit {proc.returncode}):\n{tail}")
-    return json.loads(out.read_text())
+    return emulate.run_dssync(name, ["train", "--no-progress", *train_args, "--json", str(out)], out,
+                              timeout_s=timeout_s)
 
 
 def compare_overlap(rack_sizes: Sequence[int], *, nic: str, uplink: str, flows: Sequence[tuple[str, int]] = (),

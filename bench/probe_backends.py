@@ -9,9 +9,6 @@ gloo's warm ones): that spread is TCP's, not the backend's, and is reported apar
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -24,14 +21,7 @@ __all__ = ["compare_backends"]
 
 
 def _probe(name: str, out: Path, *extra: str, timeout_s: float) -> dict[str, Any]:
-    dssync = str(Path(sys.executable).with_name("dssync"))
-    proc = subprocess.run([dssync, "emulate", "run", "--name", name, "--timeout", str(timeout_s), "--",
-                           dssync, "probe", "--out", str(out), *extra],
-                          capture_output=True, text=True, timeout=timeout_s + 60)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
-        raise emulate.EmulationError(f"dssync probe {' '.join(extra)} failed (exit {proc.returncode}):\n{tail}")
-    return json.loads(out.read_text())
+    return emulate.run_dssync(name, ["probe", *extra, "--out", str(out)], out, timeout_s=timeout_s)
 
 
 def compare_backends(rack_sizes: list[int], *, nic: str, uplink: str, slow_nics: dict[int, str],

@@ -78,18 +78,16 @@ def _ring_round(net: Network, groups: Sequence[Sequence[int]], size_bytes: float
     src = np.concatenate([np.asarray(g) for g in groups])
     dst = np.concatenate([np.roll(np.asarray(g), -1) for g in groups])
     sizes = np.concatenate([np.full(len(g), size_bytes / len(g)) for g in groups])
-    steps = np.concatenate([np.full(len(g), 2 * (len(g) - 1)) for g in groups])
     # Every step of every group's ring uses the same links; groups with fewer steps finish
     # first, but while they run they share links with the others, so each group's step time
     # is its own flows' slowest rate under the common load (a bound, exact when all groups
     # have the same size).
     per_flow = _per_flow_times(net, src, dst, sizes)
-    out = 0.0
-    start = 0
+    out, start = 0.0, 0
     for g in groups:
-        stop = start + len(g)
-        out = max(out, float(steps[start]) * (net.alpha_s + float(per_flow[start:stop].max())))
-        start = stop
+        slowest = float(per_flow[start : start + len(g)].max())
+        out = max(out, 2 * (len(g) - 1) * (net.alpha_s + slowest))
+        start += len(g)
     return out
 
 
@@ -115,16 +113,13 @@ def _per_flow_times(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.n
     return nbytes / rate
 
 
-def _world_ring_order(net: Network) -> list[int]:
-    return list(range(net.world_size))  # ranks are numbered rack by rack: one crossing per boundary
-
-
 def iteration_times(net: Network, strategy: str, size_bytes: float, iterations: int) -> np.ndarray:
     """Communication seconds of each of ``iterations`` iterations of ``strategy``."""
     n = net.world_size
     racks = [list(r) for r in net.topology().racks()]
     if strategy == "allreduce":
-        return np.full(iterations, _ring_round(net, [_world_ring_order(net)], size_bytes))
+        # Ranks are numbered rack by rack, so the ring crosses each rack boundary once.
+        return np.full(iterations, _ring_round(net, [list(range(n))], size_bytes))
     if strategy == "hierarchical":
         leaders = [r[0] for r in racks]
         intra = _ring_round(net, racks, size_bytes) / 2  # reduce: half an allreduce's steps

@@ -131,6 +131,9 @@ class ParameterServer:
         self.comm, self.flat = comm, flat
         self.rank, self.n = comm.rank, comm.world_size
         self.timeout_s = comm.timeout_s if timeout_s is None else timeout_s
+        # A client waits twice as long as a shard may hold an SSP answer back, so that the
+        # shard's own report (which workers it waited for) arrives before the client gives up.
+        self._client_timeout_s = 2 * self.timeout_s
         self.bounds = shard_bounds(flat.numel(), self.n)
         start, stop = self.bounds[self.rank]
         # The optimizer settings are fixed before the shard serves: a peer may push as soon
@@ -190,10 +193,10 @@ class ParameterServer:
 
     # -- client side ------------------------------------------------------------------------
     def _connect(self, shard: int, addr: tuple[str, int]) -> socket.socket:
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + self._client_timeout_s
         while True:
             try:
-                sock = socket.create_connection(addr, timeout=self.timeout_s)
+                sock = socket.create_connection(addr, timeout=self._client_timeout_s)
                 break
             except OSError as exc:
                 if time.monotonic() > deadline:
@@ -232,7 +235,7 @@ class ParameterServer:
                 self.versions[shard] = version
         except (TimeoutError, ConnectionError, OSError) as exc:
             raise CommunicationError(f"rank {self.rank}: {what} at clock {clock} with the parameter-server "
-                                     f"shard of rank {shard} failed after up to {self.timeout_s:.0f} s: "
+                                     f"shard of rank {shard} failed after up to {self._client_timeout_s:.0f} s: "
                                      f"{exc or type(exc).__name__}") from None
 
     def push_pull(self, grad: torch.Tensor, clock: int) -> None:

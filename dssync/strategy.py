@@ -13,6 +13,7 @@ call the ``_before_step`` / ``_after_step`` hooks that subclasses implement.
 
 from __future__ import annotations
 
+import copy
 import time
 from abc import ABC
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from dssync.collectives import Communicator
 from dssync.schedule import Schedule
 from dssync.topology import Topology
 
-__all__ = ["StepsElsewhere", "Strategy", "StrategyContext"]
+__all__ = ["StepsElsewhere", "Strategy", "StrategyContext", "world_average"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,3 +120,19 @@ class StepsElsewhere(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.inner.zero_grad(set_to_none=set_to_none)
+
+
+@torch.no_grad()
+def world_average(comm: Communicator, module: nn.Module) -> nn.Module:
+    """A copy of ``module`` whose parameters and floating-point buffers are their average
+    over the world (collective: one allreduce of one flat buffer; ``module`` is untouched)."""
+    averaged = copy.deepcopy(module)
+    tensors = [p.data for p in averaged.parameters()]
+    tensors += [b for b in averaged.buffers() if b.is_floating_point()]
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    comm.allreduce_(flat, average=True)
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset : offset + t.numel()].view_as(t))
+        offset += t.numel()
+    return averaged

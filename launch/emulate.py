@@ -36,6 +36,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dssync.errors import DssyncError
 
@@ -52,6 +53,7 @@ __all__ = [
     "load_state",
     "parse_rate",
     "run",
+    "run_dssync",
     "up",
 ]
 
@@ -428,6 +430,18 @@ def _kill_flow(flow: dict) -> None:
 
 
 # -- run -------------------------------------------------------------------------------------
+def run_dssync(name: str, args: Sequence[str], out: Path, *, timeout_s: float) -> Any:
+    """``dssync emulate run --name NAME -- dssync ARGS...`` as a subprocess; the JSON that
+    rank 0 wrote to ``out``. A failing job raises with the tail of its output."""
+    dssync = str(Path(sys.executable).with_name("dssync"))
+    proc = subprocess.run([dssync, "emulate", "run", "--name", name, "--timeout", str(timeout_s), "--",
+                           dssync, *args], capture_output=True, text=True, timeout=timeout_s + 60)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
+        raise EmulationError(f"dssync {' '.join(args)} failed (exit {proc.returncode}):\n{tail}")
+    return json.loads(Path(out).read_text())
+
+
 def run(command: Sequence[str], *, name: str = DEFAULT_NAME, timeout_s: float | None = None,
         out=None) -> int:
     """Run ``command`` once per worker in its namespace; stream ``[w<i>]``-prefixed output.

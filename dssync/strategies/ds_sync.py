@@ -25,7 +25,6 @@ iteration in this mode.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import time
@@ -41,7 +40,7 @@ from dssync.flat import flatten_parameters
 from dssync.planner import contended, plan
 from dssync.regroup import Record, sense_contention
 from dssync.schedule import Schedule
-from dssync.strategy import StepsElsewhere, Strategy, StrategyContext
+from dssync.strategy import StepsElsewhere, Strategy, StrategyContext, world_average
 from dssync.topology import Topology
 
 __all__ = ["DSSyncStrategy"]
@@ -277,16 +276,7 @@ class DSSyncStrategy(Strategy):
     def final_model(self) -> nn.Module:
         """One global average of every rank's EMA model (collective)."""
         self.flush()
-        ensemble = copy.deepcopy(self.swa_model.module)
-        tensors = [p.data for p in ensemble.parameters()]
-        tensors += [b for b in ensemble.buffers() if b.is_floating_point()]
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        self.comm.allreduce_(flat, average=True)
-        offset = 0
-        for t in tensors:
-            t.copy_(flat[offset : offset + t.numel()].view_as(t))
-            offset += t.numel()
-        return ensemble
+        return world_average(self.comm, self.swa_model.module)
 
     def schedule_changes(self) -> list[dict[str, Any]]:
         return list(self._changes)

@@ -11,13 +11,11 @@ handed back is the world average of the ranks' models.
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch import nn
 
 from dssync.flat import flatten_parameters
-from dssync.strategy import Strategy, StrategyContext
+from dssync.strategy import Strategy, StrategyContext, world_average
 
 __all__ = ["GossipStrategy", "gossip_peer"]
 
@@ -50,8 +48,4 @@ class GossipStrategy(Strategy):
         return True
 
     def final_model(self) -> nn.Module:
-        averaged = copy.deepcopy(self.model)
-        with torch.no_grad():
-            for p in averaged.parameters():
-                self.comm.allreduce_(p.data, average=True)
-        return averaged
+        return world_average(self.comm, self.model)

@@ -8,14 +8,13 @@ the last average are brought together once more at the end.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from dssync.flat import flatten_parameters
-from dssync.strategy import Strategy, StrategyContext
+from dssync.strategy import Strategy, StrategyContext, world_average
 
 __all__ = ["LocalSGDStrategy"]
 
@@ -50,10 +49,4 @@ class LocalSGDStrategy(Strategy):
         return True
 
     def final_model(self) -> nn.Module:
-        saved = [f.clone() for f in self._flat]
-        self._average()
-        averaged = copy.deepcopy(self.model)
-        with torch.no_grad():
-            for f, s in zip(self._flat, saved, strict=True):
-                f.copy_(s)
-        return averaged
+        return world_average(self.comm, self.model)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from dssync.planner import static_plan
-from dssync.strategies import AllreduceStrategy, DSSyncStrategy
+from dssync.strategies import DSSyncStrategy
 from dssync.strategy import StrategyContext
 from dssync.topology import Topology
 
@@ -37,20 +37,6 @@ def group_averaging(comm, layouts: list[list[int]], numel: int, num_periods: int
             trace.append(torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone())
         out[tuple(sizes)] = trace
     return out
-
-
-def bsp_gradients(comm, numel: int):
-    model = nn.Linear(numel - 1, 1, dtype=torch.float64)
-    strategy = AllreduceStrategy(StrategyContext(comm=comm, model=model,
-                                                 topology=Topology.even(comm.world_size, 2)))
-    strategy.setup()
-    grad = seeded_vector(comm.rank, numel)
-    offset = 0
-    for p in model.parameters():
-        p.grad = grad[offset: offset + p.numel()].view_as(p).clone()
-        offset += p.numel()
-    strategy.before_step(0)
-    return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).detach()
 
 
 def raise_on_rank(comm, bad_rank: int):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 from ranks import (
-    bsp_gradients,
+    baseline_gradients,
     die_on_rank,
     group_averaging,
     raise_on_rank,
@@ -52,7 +52,7 @@ def test_group_averaging_matches_oracle_and_reaches_global_mean(world_size, layo
 
 
 def test_bsp_allreduce_gradients_equal_the_mean():
-    out = run_ranks(bsp_gradients, NUMEL, nproc=4, timeout_s=60)
+    out = run_ranks(baseline_gradients, "allreduce", [2, 2], NUMEL, nproc=4, timeout_s=60)
     expected = torch.stack([seeded_vector(r, NUMEL) for r in range(4)]).mean(0)
     for grads in out:
         torch.testing.assert_close(grads, expected, rtol=1e-12, atol=1e-12)
