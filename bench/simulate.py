@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from dssync.planner import plan
-from dssync.strategies.gossip import gossip_peer
+from dssync.strategies.gossip import gossip_peers
 from dssync.topology import Topology
 
 __all__ = ["Network", "simulate", "table_ii"]
@@ -129,8 +129,8 @@ def iteration_times(net: Network, strategy: str, size_bytes: float, iterations: 
         dims = max(1, (n - 1).bit_length())
         per_dim = []
         for k in range(dims):
-            src = np.array([r for r in range(n) if gossip_peer(r, n, k) is not None])
-            dst = np.array([gossip_peer(r, n, k) for r in src])
+            src = np.arange(n) if n > 1 else np.array([], dtype=int)
+            dst = np.array([gossip_peers(r, n, k)[0] for r in src], dtype=int)
             per_dim.append(_step_time(net, src, dst, np.full(src.size, size_bytes)) if src.size else 0.0)
         return np.array([per_dim[t % dims] for t in range(iterations)])
     if strategy == "asp":

@@ -1,12 +1,16 @@
-"""``gossip``: pairwise parameter averaging on a dynamic exponential graph (SGP-style).
+"""``gossip``: pairwise parameter averaging on the dynamic exponential graph (SGP-style).
 
-After its local step, rank ``i`` averages its parameters with one peer, ``i XOR 2^k`` with
-``k = step mod ceil(log2 n)``: over ``log2 n`` iterations every rank hears, through the
-hypercube, from every other, and each exchange is one point-to-point swap (no group, no
-barrier beyond the pair). When ``n`` is not a power of two a rank whose peer does not exist
-sits that iteration out. The mixing matrix of every iteration is symmetric and doubly
-stochastic, so the world average of the parameters never changes by gossip. The model
-handed back is the world average of the ranks' models.
+The one-peer exponential graph of Stochastic Gradient Push (Assran et al., 2019): after its
+local step, rank ``i`` sends its parameters to ``i + 2^k`` and receives those of
+``i - 2^k`` (mod ``n``), with ``k = step mod ceil(log2 n)``, and keeps the average of its own
+and the received ones. Each iteration is one point-to-point send and one receive per rank
+(no group, no barrier). The mixing matrix ``(I + P)/2`` of a cyclic shift ``P`` is doubly
+stochastic, so gossip never changes the world average of the parameters, and with ``n`` a
+power of two every rank holds the exact average after ``log2 n`` iterations. Like the
+gossip the paper compares with, the graph follows rank numbers, not racks: with ranks
+numbered rack by rack some exchanges cross an uplink in every iteration, and in one of
+every ``log2 n`` all of them do. The model handed back is the world average of the ranks'
+models.
 """
 
 from __future__ import annotations
@@ -17,16 +21,15 @@ from torch import nn
 from dssync.flat import flatten_parameters
 from dssync.strategy import Strategy, StrategyContext, world_average
 
-__all__ = ["GossipStrategy", "gossip_peer"]
+__all__ = ["GossipStrategy", "gossip_peers"]
 
 
-def gossip_peer(rank: int, world_size: int, step: int) -> int | None:
-    """The peer of ``rank`` at iteration ``step``, or ``None`` when it sits out."""
+def gossip_peers(rank: int, world_size: int, step: int) -> tuple[int, int] | None:
+    """``(send to, receive from)`` of ``rank`` at iteration ``step``; ``None`` alone."""
     if world_size < 2:
         return None
-    dims = (world_size - 1).bit_length()
-    peer = rank ^ (1 << (step % dims))
-    return peer if peer < world_size else None
+    offset = 1 << (step % (world_size - 1).bit_length())
+    return (rank + offset) % world_size, (rank - offset) % world_size
 
 
 class GossipStrategy(Strategy):
@@ -39,11 +42,12 @@ class GossipStrategy(Strategy):
 
     @torch.no_grad()
     def _after_step(self, step: int) -> bool:
-        peer = gossip_peer(self.comm.rank, self.comm.world_size, step)
-        if peer is None:
+        peers = gossip_peers(self.comm.rank, self.comm.world_size, step)
+        if peers is None:
             return False
+        dst, src = peers
         for mine, theirs in zip(self._flat, self._inbox, strict=True):
-            self.comm.sendrecv_(mine, peer, theirs, peer)
+            self.comm.sendrecv_(mine, dst, theirs, src)
             mine.add_(theirs).mul_(0.5)
         return True
 

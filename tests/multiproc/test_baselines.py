@@ -13,7 +13,7 @@ from ranks import (
 
 from dssync.errors import DssyncError
 from dssync.launch import run_ranks
-from dssync.strategies.gossip import gossip_peer
+from dssync.strategies.gossip import gossip_peers
 
 NUMEL = 1001
 
@@ -39,16 +39,16 @@ def test_local_sgd_averages_over_the_world_every_period_and_only_then():
 
 
 def test_gossip_mixes_pairwise_keeps_the_mean_and_reaches_consensus():
-    n, steps = 8, 9  # three rounds of the 3-dimensional hypercube
+    n, steps = 8, 9  # three rounds of offsets 1, 2, 4
     trace = run_ranks(parameter_mixing, "gossip", {}, NUMEL, steps, nproc=n, timeout_s=60)
     x = [seeded_vector(r, NUMEL) for r in range(n)]
     mean = torch.stack(x).mean(0)
     for step in range(steps):  # oracle: the same pairwise averages, computed here
-        x = [(x[r] + x[gossip_peer(r, n, step)]) / 2 for r in range(n)]
+        x = [(x[r] + x[gossip_peers(r, n, step)[1]]) / 2 for r in range(n)]
         for r in range(n):
             torch.testing.assert_close(trace[r][step], x[r])
         torch.testing.assert_close(torch.stack([trace[r][step] for r in range(n)]).mean(0), mean)
-    # After log2(n) steps of the hypercube every rank holds the exact mean.
+    # After log2(n) steps of the exponential graph every rank holds the exact mean.
     for r in range(n):
         torch.testing.assert_close(trace[r][2], mean)
 
@@ -70,14 +70,19 @@ def test_a_worker_that_stops_pushing_is_named_not_waited_on():
         run_ranks(ps_with_a_silent_worker, 64, nproc=2, timeout_s=30, job_timeout_s=120)
 
 
-def test_gossip_peers_are_an_involution_over_every_dimension():
+def test_gossip_peers_form_a_shift_whose_offsets_double():
     for n in (2, 5, 8, 12):
         dims = (n - 1).bit_length()
-        for step in range(dims):
+        for step in range(2 * dims):
+            sends = {}
             for r in range(n):
-                p = gossip_peer(r, n, step)
-                assert p is None or (p != r and gossip_peer(p, n, step) == r)
-    assert gossip_peer(0, 1, 0) is None
+                dst, src = gossip_peers(r, n, step)
+                assert dst != r and src != r
+                assert gossip_peers(dst, n, step)[1] == r  # whom I send to receives from me
+                assert (dst - r) % n == (1 << (step % dims)) % n
+                sends[r] = dst
+            assert sorted(sends.values()) == list(range(n))  # a permutation: doubly stochastic
+    assert gossip_peers(0, 1, 0) is None
 
 
 def test_parameter_server_strategies_refuse_an_optimizer_they_cannot_run():

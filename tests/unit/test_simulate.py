@@ -26,11 +26,11 @@ def test_background_streams_take_their_tcp_share_of_the_uplink():
     assert iteration_times(net, "allreduce", S, 1)[0] == pytest.approx(want)
 
 
-def test_gossip_cycles_through_the_hypercube_and_pays_for_shared_uplinks():
+def test_gossip_cycles_through_the_exponential_graph_and_pays_for_shared_uplinks():
     net = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=ALPHA)
     times = iteration_times(net, "gossip", S, 6)
-    inside, across = ALPHA + S / B, ALPHA + S / (B / 4)  # XOR 4: four flows out of each rack
-    assert times == pytest.approx([inside, inside, across] * 2)
+    # Offsets 1, 2, 4 send 1, 2 and 4 flows out of each rack through its uplink.
+    assert times == pytest.approx([ALPHA + S / B, ALPHA + S / (B / 2), ALPHA + S / (B / 4)] * 2)
 
 
 def test_ds_sync_rounds_respect_the_lower_bound_and_beat_allreduce_under_contention():
