@@ -7,8 +7,8 @@ buffer per dtype (``dssync.flat``), so the average is one in-place allreduce and
 scale, with nothing copied in or out.
 
 Each rank also keeps an exponential moving average of its parameters
-(``torch.optim.swa_utils.AveragedModel`` with ``get_ema_multi_avg_fn``), the paper's local
-SWA model (section III-A.5). ``final_model()`` averages those EMA models over the whole
+(``torch.optim.swa_utils.AveragedModel`` with a bias-corrected EMA, ``debiased_ema``), the
+paper's local SWA model (section III-A.5). ``final_model()`` averages those EMA models over the whole
 world once; that ensemble is the model ds-sync hands back.
 
 ``overlap=True`` is the paper's layer-wise mode (section V-A.1): as soon as backward has
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torch.optim.swa_utils import AveragedModel
 
 from dssync.errors import DssyncError, ScheduleError
 from dssync.flat import flatten_parameters
@@ -43,7 +43,23 @@ from dssync.schedule import Schedule
 from dssync.strategy import StepsElsewhere, Strategy, StrategyContext, world_average
 from dssync.topology import Topology
 
-__all__ = ["DSSyncStrategy"]
+__all__ = ["DSSyncStrategy", "debiased_ema"]
+
+
+def debiased_ema(decay: float):
+    """``multi_avg_fn`` for ``AveragedModel``: the EMA ``decay * avg + (1 - decay) * x`` with
+    Adam's bias correction, so after ``t`` updates the average is
+    ``sum_i decay^(t-i) x_i / sum_i decay^(t-i)``. The plain EMA
+    (``get_ema_multi_avg_fn``) keeps weight ``decay^(t-1)`` on its first value, the random
+    initialisation, for the first few hundred iterations (0.67 after 20 at decay 0.98);
+    the corrected one forgets it as fast as it forgets any other iterate."""
+
+    @torch.no_grad()
+    def update(averaged: list[torch.Tensor], current: list[torch.Tensor], num_averaged: Any) -> None:
+        weight = (1.0 - decay) / (1.0 - decay ** (int(num_averaged) + 1))
+        torch._foreach_lerp_(averaged, current, weight)
+
+    return update
 
 
 class DSSyncStrategy(Strategy):
@@ -52,7 +68,8 @@ class DSSyncStrategy(Strategy):
     @dataclass(frozen=True, kw_only=True)
     class Config(Strategy.Config):
         ema_decay: float = 0.98
-        """Decay of the local EMA (SWA) model: ``swa = decay * swa + (1 - decay) * model``."""
+        """Decay of the local EMA (SWA) model: ``swa = decay * swa + (1 - decay) * model``,
+        bias-corrected (``debiased_ema``)."""
 
         adjust_every: int = 0
         """Regroup online every this many iterations from the group timings (0: never)."""
@@ -96,7 +113,7 @@ class DSSyncStrategy(Strategy):
         self._swa_due = False
         self._views = [(p, p.data_ptr()) for p in self.model.parameters()]
         self.swa_model = AveragedModel(
-            self.model, multi_avg_fn=get_ema_multi_avg_fn(self.config.ema_decay), use_buffers=True
+            self.model, multi_avg_fn=debiased_ema(self.config.ema_decay), use_buffers=True
         )
 
     def setup(self) -> None:

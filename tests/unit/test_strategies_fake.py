@@ -58,6 +58,26 @@ def test_ds_sync_final_model_is_the_global_mean_of_ema_models():
         torch.testing.assert_close(torch.nn.utils.parameters_to_vector(final.parameters()), expected)
 
 
+@pytest.mark.parametrize("decay", [0.0, 0.5, 0.98])
+def test_ds_sync_swa_model_is_the_bias_corrected_ema_of_the_iterates(decay):
+    from torch.optim.swa_utils import AveragedModel
+
+    from dssync.strategies.ds_sync import debiased_ema
+
+    model = torch.nn.Linear(3, 2)
+    swa = AveragedModel(model, multi_avg_fn=debiased_ema(decay), use_buffers=True)
+    iterates = []
+    for t in range(12):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.randn_like(p) * (t + 1))
+        iterates.append(torch.nn.utils.parameters_to_vector(model.parameters()).clone())
+        swa.update_parameters(model)
+        weights = torch.tensor([decay ** (t - i) for i in range(t + 1)], dtype=torch.float64)
+        oracle = (weights[:, None] * torch.stack(iterates).double()).sum(0) / weights.sum()
+        torch.testing.assert_close(torch.nn.utils.parameters_to_vector(swa.module.parameters()), oracle.float())
+
+
 def test_allreduce_averages_gradients():
     topo = Topology.from_rack_sizes([3])
 
