@@ -33,7 +33,7 @@ from dssync.planner import plan
 from dssync.strategies.gossip import gossip_peers
 from dssync.topology import Topology
 
-__all__ = ["Network", "simulate", "table_ii"]
+__all__ = ["Network", "iteration_times", "simulate", "table_ii", "with_contention"]
 
 STRATEGIES = ("allreduce", "hierarchical", "gossip", "asp", "ds-sync")
 
@@ -140,14 +140,14 @@ def iteration_times(net: Network, strategy: str, size_bytes: float, iterations: 
         one_way = _step_time(net, src[keep], dst[keep], np.full(int(keep.sum()), size_bytes / n))
         return np.full(iterations, 2 * one_way)  # push, then pull
     if strategy == "ds-sync":
-        topo = _with_contention(net)
+        topo = with_contention(net)
         period = plan(topo).period
         per_round = [_ring_round(net, [list(g) for g in rnd], size_bytes) for rnd in period]
         return np.array([per_round[t % len(per_round)] for t in range(iterations)])
     raise ValueError(f"unknown strategy {strategy!r} for the simulator; choose from {', '.join(STRATEGIES)}")
 
 
-def _with_contention(net: Network) -> Topology:
+def with_contention(net: Network) -> Topology:
     """The topology ds-sync would probe: racks plus the contended uplinks and NICs."""
     base = net.topology()
     uplinks = sorted(set(net.uplink_out_streams) | ({int(net.rack_of()[i]) for i in net.nic_out_streams}

@@ -8,7 +8,7 @@ from dssync._jsonfile import write_json
 from dssync.commands._common import add_topology_options, parse_rack_sizes, topology_from_args
 from dssync.launch import from_environ, run_ranks
 
-__all__ = ["add_parser", "run_allreduce", "run_compare", "run_averaging", "run_overlap", "run_probe_backends"]
+__all__ = ["add_parser", "run_allreduce", "run_compare", "run_averaging", "run_simcheck", "run_overlap", "run_probe_backends"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -47,6 +47,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--markdown", metavar="OUT", help="the summary table as markdown")
     c.add_argument("--plot", metavar="OUT.png")
     c.set_defaults(run=run_compare)
+
+    k = bsub.add_parser("simcheck", help="the simulator's prediction against the emulated cluster (needs root)",
+                        description="For each scenario, build the emulated cluster and run every strategy "
+                        "on a communication-bound job (synthetic task of --model-mb, one sample per rank); "
+                        "report measured comm ms/iter beside `dssync simulate`'s prediction for the same "
+                        "racks, rates, background streams and bytes.")
+    k.add_argument("--scenario", default="static,inter-rack,inter-rack+nic", metavar="S[,S...]")
+    k.add_argument("--strategies", default="allreduce,hierarchical,gossip,asp,ds-sync", metavar="A,B,...")
+    k.add_argument("--model-mb", type=float, default=4.0)
+    k.add_argument("--steps", type=int, default=40)
+    k.add_argument("--warmup", type=int, default=5, help="iterations left out of both medians")
+    k.add_argument("--alpha-us", type=float, default=50.0, help="the simulator's seconds per hop, in microseconds")
+    k.add_argument("--json", metavar="OUT")
+    k.add_argument("--markdown", metavar="OUT")
+    k.set_defaults(run=run_simcheck)
 
     a = bsub.add_parser("averaging", help="ds-sync group averaging vs a bare allreduce, same groups",
                         description="DS-Sync's parameter averaging of a model of --size-mb vs a bare "
@@ -161,6 +176,34 @@ def run_compare(args: argparse.Namespace) -> int:
         Path(args.markdown).write_text(table + "\n")
     if args.plot:
         plot(records, rows, args.plot)
+    return 0
+
+
+def run_simcheck(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from dssync.bench.simcheck import markdown_table, simcheck
+    from dssync.bench.simulate import STRATEGIES
+
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    for s in strategies:
+        if s not in STRATEGIES:
+            raise ValueError(f"the simulator has no model of {s!r}; choose from {', '.join(STRATEGIES)}")
+    scenarios = [s.strip() for s in args.scenario.split(",") if s.strip()]
+    console = Console(stderr=True)
+    rows = simcheck(scenarios, strategies, model_mb=args.model_mb, steps=args.steps, warmup=args.warmup,
+                    alpha_s=args.alpha_us * 1e-6,
+                    progress=lambda r: console.print(
+                        f"{r['scenario']} {r['strategy']}: measured {r['measured_ms']:.1f} ms/iter, "
+                        f"simulated {r['predicted_ms']:.1f} ({r['ratio']:.2f}x)"))
+    table = markdown_table(rows)
+    print(table)
+    if args.json:
+        write_json(args.json, rows)
+    if args.markdown:
+        Path(args.markdown).write_text(table + "\n")
     return 0
 
 

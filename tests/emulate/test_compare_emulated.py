@@ -18,3 +18,14 @@ def test_compare_runs_every_strategy_on_the_scenario_and_hierarchical_matches_al
     assert [c["accuracy"] for c in hier["curve"]] == pytest.approx([c["accuracy"] for c in ar["curve"]], abs=0.005)
     rows = summarize(records)
     assert rows[0]["target_accuracy"] == ar["best_accuracy"] and rows[0]["comm_ms_per_iter"] > 0
+
+
+def test_simcheck_measures_the_shaped_network_the_simulator_models(name):
+    # 2 MB over 1 Gbit/s: a pair swap needs 16 ms, so an unshaped (multi-Gbit/s) veth
+    # would measure several times faster than the simulator's bound-plus-latency figure.
+    from dssync.bench.simcheck import simcheck
+
+    rows = simcheck(["inter-rack"], ["ds-sync"], model_mb=2.0, steps=12, warmup=2, name=name)
+    (row,) = rows
+    assert (row["scenario"], row["strategy"], len(row["comm_ms_samples"])) == ("inter-rack", "ds-sync", 12)
+    assert row["measured_ms"] >= 0.5 * row["predicted_ms"] > 0

@@ -52,3 +52,16 @@ def test_parameter_server_moves_every_shard_both_ways():
 def test_unknown_strategy_is_named():
     with pytest.raises(ValueError, match="unknown strategy 'nope'"):
         iteration_times(Network((2, 2)), "nope", S, 1)
+
+
+def test_the_simulator_models_each_emulated_scenario_with_its_background_streams():
+    from dssync.bench.simcheck import markdown_table, network_of
+    from dssync.launch.emulate import FLOW_STREAMS
+
+    static, inter, nic = (network_of(s, alpha_s=ALPHA) for s in ("static", "inter-rack", "inter-rack+nic"))
+    assert (static.rack_sizes, static.uplink_out_streams, static.nic_out_streams) == ((4, 4), {}, {})
+    assert (inter.rack_sizes, inter.uplink_out_streams, inter.nic_out_streams) == ((4, 4), {0: FLOW_STREAMS}, {})
+    assert (nic.rack_sizes, nic.uplink_out_streams, nic.nic_out_streams) == ((5, 3), {}, {4: FLOW_STREAMS})
+    assert static.nic_bps == static.uplink_bps == 125e6
+    row = {"scenario": "static", "strategy": "gossip", "measured_ms": 10.0, "predicted_ms": 8.0, "ratio": 0.8}
+    assert markdown_table([row]).splitlines()[-1] == "| static | gossip | 10.0 | 8.0 | 0.80 |"
