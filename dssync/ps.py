@@ -249,9 +249,19 @@ class ParameterServer:
         self._exchange(_PULL, -1, None)
 
     def close(self) -> None:
+        """Tell every shard this worker is done, then wait (bounded) until this rank's shard
+        has heard the same from every worker, so that no server thread is still inside a
+        receive or an update when the process tears down its libraries."""
         for sock in self._socks:
             try:
                 sock.sendall(_HEADER.pack(_STOP, self.rank, 0, 0, 0))
                 sock.close()
             except OSError:
                 pass
+        deadline = time.monotonic() + min(self.timeout_s, 60.0)
+        for t in list(self._threads):
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        try:
+            self._listener.close()
+        except OSError:
+            pass
