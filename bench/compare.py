@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dssync.bench.overlap import train_on_cluster
+from dssync.errors import DssyncError
 from dssync.launch import emulate
 
 __all__ = ["compare", "markdown_table", "plot", "summarize"]
@@ -51,7 +52,11 @@ def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = 
                             "--eval-every", str(eval_every), "--rack-sizes", sizes, "--model-mb", str(model_mb)]
                     if strategy == "ds-sync" and adjust_every:
                         args += ["--adjust-every", str(adjust_every)]
-                    rec = train_on_cluster(name, Path(tmp) / f"{strategy}-{rep}.json", args, timeout_s=timeout_s)
+                    try:
+                        rec = train_on_cluster(name, Path(tmp) / f"{strategy}-{rep}.json", args,
+                                               timeout_s=timeout_s)
+                    except DssyncError as exc:  # one failed job loses neither the others nor itself
+                        rec = {"strategy": strategy, "error": str(exc)}
                     rec.update({"scenario": scenario, "repeat": rep})
                     records.append(rec)
                     if progress is not None:
@@ -67,8 +72,11 @@ def _time_to(curve: list[dict[str, float]], target: float) -> tuple[float | None
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (scenario, strategy): medians over repeats and time to allreduce's target."""
+    """One row per (scenario, strategy): medians over the repeats that finished (runs that
+    failed are counted in ``failed``) and time to allreduce's target."""
     rows = []
+    failed = [r for r in records if "error" in r]
+    records = [r for r in records if "error" not in r]
     for scenario in dict.fromkeys(r["scenario"] for r in records):
         runs = [r for r in records if r["scenario"] == scenario]
         baseline = [r["best_accuracy"] for r in runs if r["strategy"] == "allreduce"]
@@ -87,6 +95,7 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "time_to_target_s": statistics.median(times) if len(times) == len(mine) and times else None,
                 "iterations_to_target": statistics.median(iters) if len(iters) == len(mine) and iters else None,
                 "steps": mine[0]["steps"],
+                "failed": sum(1 for f in failed if (f["scenario"], f["strategy"]) == (scenario, strategy)),
             })
         ar = next((r for r in rows if r["scenario"] == scenario and r["strategy"] == "allreduce"), None)
         for row in rows:
@@ -108,6 +117,10 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
                      f"{fmt(r['allreduce_over_this_comm'], '.2f')} | {r['wall_s']:.1f} | "
                      f"{r['best_accuracy']:.4f} | {fmt(r['target_accuracy'], '.4f')} | "
                      f"{fmt(r['time_to_target_s'], '.1f')} | {fmt(r['iterations_to_target'], '.0f')} |")
+    failures = [f"{r['scenario']} {r['strategy']}: {r['failed']} of {r['repeats'] + r['failed']} runs failed"
+                for r in rows if r.get("failed")]
+    if failures:
+        lines += ["", "Left out: " + "; ".join(failures) + " (the error of each is in the JSON records)."]
     return "\n".join(lines)
 
 
@@ -134,7 +147,7 @@ def plot(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], out:
         ax = axes[0][1 + j]
         for strategy in strategies:
             run = next((r for r in records if r["scenario"] == scenario and r["strategy"] == strategy
-                        and r["repeat"] == 0), None)
+                        and "error" not in r), None)
             if run is not None:
                 ax.plot([p["wall_s"] for p in run["curve"]], [p["accuracy"] for p in run["curve"]], label=strategy)
         ax.set_title(scenario)

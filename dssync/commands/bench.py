@@ -165,8 +165,10 @@ def run_compare(args: argparse.Namespace) -> int:
     records = compare(scenarios, strategies, task=args.task, steps=args.steps, repeats=args.repeats,
                       eval_every=args.eval_every, adjust_every=args.adjust_every, model_mb=args.model_mb,
                       progress=lambda r: console.print(
-                          f"{r['scenario']} {r['strategy']} seed {r['repeat']}: comm {r['comm_ms_per_iter']:.1f} "
-                          f"ms/iter, wall {r['wall_s']:.1f} s, best accuracy {r['best_accuracy']:.4f}"))
+                          f"{r['scenario']} {r['strategy']} seed {r['repeat']}: " + (
+                              f"FAILED: {r['error']}" if "error" in r else
+                              f"comm {r['comm_ms_per_iter']:.1f} ms/iter, wall {r['wall_s']:.1f} s, "
+                              f"best accuracy {r['best_accuracy']:.4f}"), markup=False, highlight=False))
     rows = summarize(records)
     table = markdown_table(rows)
     print(table)

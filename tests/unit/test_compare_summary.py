@@ -49,3 +49,14 @@ def test_scenarios_are_summarized_apart_and_the_table_shows_every_row():
 def test_without_allreduce_there_is_no_target():
     rows = summarize([r for r in RECORDS if r["strategy"] != "allreduce"])
     assert all(r["target_accuracy"] is None and r["allreduce_over_this_comm"] is None for r in rows)
+
+
+def test_a_failed_run_is_left_out_of_the_medians_and_named_under_the_table():
+    failed = {"scenario": "inter-rack", "strategy": "asp", "repeat": 2, "error": "rank 4 exited with code 134"}
+    rows = {r["strategy"]: r for r in summarize([*RECORDS, failed])}
+    assert rows["asp"]["repeats"] == 2 and rows["asp"]["failed"] == 1
+    assert rows["asp"]["comm_ms_per_iter"] == pytest.approx(10.0)
+    assert rows["ds-sync"]["failed"] == 0
+    table = markdown_table(list(rows.values()))
+    assert table.splitlines()[-1] == ("Left out: inter-rack asp: 1 of 3 runs failed (the error of each is in the "
+                                      "JSON records).")
