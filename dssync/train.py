@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from dssync.collectives import Communicator
 from dssync.errors import ScheduleError, TopologyError
 from dssync.launch import from_environ, run_ranks
+from dssync.launch.spawn import BACKENDS
 from dssync.schedule import Schedule
 from dssync.strategies import get_strategy
 from dssync.strategy import StrategyContext
@@ -50,9 +51,13 @@ class TrainConfig:
     strategy_options: dict[str, Any] = field(default_factory=dict)
     timeout_s: float = 300.0
     progress: bool = False
+    backend: str = "torch"
+    """Collective library: ``torch`` (torch.distributed), ``mpi`` (mpi4py) or ``horovod``."""
 
     def __post_init__(self) -> None:
         get_strategy(self.strategy)  # unknown names fail here, before any process starts
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {self.backend!r}; choose from {', '.join(BACKENDS)}")
         if self.task not in TASKS:
             raise ValueError(f"unknown task {self.task!r}; choose one of: {', '.join(sorted(TASKS))}")
         for name in ("steps", "batch_size", "eval_every"):
@@ -130,6 +135,7 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
                     for a, b in zip(edges, edges[1:], strict=False) if b > a]
     return {
         "strategy": cfg.strategy,
+        "backend": cfg.backend,
         "task": cfg.task,
         "world_size": world_size,
         "steps": cfg.steps,
@@ -155,6 +161,10 @@ def _probed(comm: Communicator, cfg: TrainConfig) -> Topology | None:
         return None
     if len(set(comm.allgather_object(host_name()))) < 2:
         return None
+    if cfg.backend != "torch":
+        raise TopologyError(f"rank {comm.rank}: the ranks run on several hosts and ds-sync would probe the "
+                            f"network first, which needs torch.distributed; with --backend {cfg.backend} "
+                            "give --topology (from `dssync probe`) or --rack-sizes")
     result = probe_rank(comm, ProbeConfig(timeout_s=cfg.timeout_s))
     return result.to_topology({"backend": "builtin", "rounds": result.rounds})
 
@@ -187,5 +197,5 @@ def train(cfg: TrainConfig, *, nproc: int | None) -> dict[str, Any] | None:
             f"the schedule is for {cfg.schedule.world_size} ranks but the job has {world_size}; "
             "plan one for this job with `dssync plan`"
         )
-    results = run_ranks(train_rank, cfg, nproc=nproc, timeout_s=cfg.timeout_s)
+    results = run_ranks(train_rank, cfg, nproc=nproc, timeout_s=cfg.timeout_s, backend=cfg.backend)
     return results[0]

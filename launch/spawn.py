@@ -4,7 +4,10 @@
 torch and threads), joins them in one gloo world on loopback and calls
 ``fn(comm, *args)`` in each. A rank that raises, dies or hangs past the timeout stops the
 whole job: the others are terminated and the first failure is raised with its rank.
-Under a launcher (torchrun, ``dssync emulate run``) the same call runs just this rank.
+Under a launcher (torchrun, ``dssync emulate run``, mpirun, horovodrun) the same call runs
+just this rank, on the collective library ``backend`` names: ``torch`` (torch.distributed),
+``mpi`` (mpi4py) or ``horovod`` (Horovod process sets). Spawning local ranks is
+torch.distributed's; MPI and Horovod jobs are started by their launchers.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from typing import Any
 from dssync.errors import DssyncError
 from dssync.launch.env import LaunchEnv, from_environ
 
-__all__ = ["free_port", "run_ranks"]
+__all__ = ["BACKENDS", "free_port", "run_ranks"]
+
+BACKENDS = ("torch", "mpi", "horovod")
 
 
 def free_port() -> int:
@@ -42,7 +47,35 @@ def _setup_rank(rank: int, world_size: int, init_method: str, timeout_s: float) 
     return TorchCommunicator(timeout_s=timeout_s)
 
 
-def _teardown() -> None:
+def _setup_launched(env: LaunchEnv, backend: str, timeout_s: float) -> Any:
+    if backend == "torch":
+        return _setup_rank(env.rank, env.world_size, env.torch_init_method(), timeout_s)
+    import torch
+
+    torch.set_num_threads(1)
+    if backend == "mpi":
+        from dssync.collectives.mpi import MPICommunicator
+
+        comm = MPICommunicator(timeout_s=timeout_s)
+    else:
+        from dssync.collectives.horovod import HorovodCommunicator
+
+        comm = HorovodCommunicator(timeout_s=timeout_s)
+    if (comm.rank, comm.world_size) != (env.rank, env.world_size):
+        raise DssyncError(
+            f"--backend {backend} sees rank {comm.rank} of {comm.world_size} but the {env.launcher} "
+            f"environment says rank {env.rank} of {env.world_size}; launch with the library's own launcher"
+        )
+    return comm
+
+
+def _teardown(backend: str = "torch") -> None:
+    if backend == "horovod":
+        import horovod.torch as hvd
+
+        with contextlib.suppress(Exception):
+            hvd.shutdown()
+        return
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -69,6 +102,7 @@ def run_ranks(
     nproc: int | None,
     timeout_s: float = 300.0,
     job_timeout_s: float | None = None,
+    backend: str = "torch",
 ) -> list[Any]:
     """Run ``fn(comm, *args)`` on every rank; return the results by rank.
 
@@ -76,28 +110,34 @@ def run_ranks(
     list holds only this rank's result (at its index; the others are ``None``).
     ``timeout_s`` bounds every collective; ``job_timeout_s`` bounds the whole job.
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     launched = from_environ()
     if launched is not None:
-        return _run_launched(launched, fn, args, nproc, timeout_s)
+        return _run_launched(launched, fn, args, nproc, timeout_s, backend)
+    if backend != "torch":
+        launcher = "mpirun -np N" if backend == "mpi" else "horovodrun -np N --gloo (or --mpi)"
+        raise DssyncError(f"--backend {backend} runs one rank per process under its launcher; start the "
+                          f"job with {launcher} ... --backend {backend} (without a launcher, use --backend torch)")
     if nproc is None or nproc < 1:
         raise ValueError(f"--nproc must be a positive number of local ranks, got {nproc}")
     return _spawn(fn, args, nproc, timeout_s, job_timeout_s)
 
 
 def _run_launched(env: LaunchEnv, fn: Callable[..., Any], args: tuple[Any, ...],
-                  nproc: int | None, timeout_s: float) -> list[Any]:
+                  nproc: int | None, timeout_s: float, backend: str) -> list[Any]:
     if nproc is not None and nproc != env.world_size:
         raise ValueError(
             f"--nproc {nproc} does not match the {env.launcher} world of {env.world_size} ranks; "
             "drop --nproc under a launcher"
         )
-    comm = _setup_rank(env.rank, env.world_size, env.init_method, timeout_s)
+    comm = _setup_launched(env, backend, timeout_s)
     try:
         out: list[Any] = [None] * env.world_size
         out[env.rank] = fn(comm, *args)
         return out
     finally:
-        _teardown()
+        _teardown(backend)
 
 
 def _spawn(fn: Callable[..., Any], args: tuple[Any, ...], nproc: int,

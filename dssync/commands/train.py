@@ -50,10 +50,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.backend != "torch":
-        raise ValueError(
-            f"--backend {args.backend} is not available in this version of dssync; use --backend torch"
-        )
     options = {}
     if args.ema_decay is not None:
         if args.strategy != "ds-sync":
@@ -78,10 +74,10 @@ def run(args: argparse.Namespace) -> int:
         model_mb=args.model_mb, num_racks=args.racks or 2, topology=topology,
         probe_first=args.racks is None,
         schedule=schedule_from_args(args), strategy_options=options, timeout_s=args.timeout,
-        progress=not args.no_progress and sys.stderr.isatty(),
+        progress=not args.no_progress and sys.stderr.isatty(), backend=args.backend,
     )
     nproc = args.nproc
-    if nproc is None and from_environ() is None:
+    if nproc is None and from_environ() is None and args.backend == "torch":
         nproc = topology.world_size if topology is not None else 8
     record = train(cfg, nproc=nproc)
     if record is None:  # a non-zero rank under a launcher

@@ -14,6 +14,9 @@ def test_no_launcher():
     ({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"}, "torchrun"),
     ({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}, "mpirun"),
     ({"HOROVOD_RANK": "3", "HOROVOD_SIZE": "4", "HOROVOD_LOCAL_RANK": "1"}, "horovodrun"),
+    ({"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1"}, "mpich"),
+    ({"HOROVOD_RANK": "3", "HOROVOD_SIZE": "4", "HOROVOD_LOCAL_RANK": "1",
+      "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4"}, "horovodrun"),
 ])
 def test_launchers(env, launcher):
     got = from_environ({**BASE, **env})
@@ -30,6 +33,23 @@ def test_malformed(env, match):
         from_environ({**BASE, **env})
 
 
-def test_missing_master():
-    with pytest.raises(DssyncError, match="MASTER_ADDR/MASTER_PORT"):
-        from_environ({"RANK": "0", "WORLD_SIZE": "2"})
+def test_torch_needs_a_rendezvous_mpi_and_horovod_do_not():
+    mpi = from_environ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"})
+    assert (mpi.launcher, mpi.init_method) == ("mpirun", None)
+    with pytest.raises(DssyncError, match="MASTER_ADDR/MASTER_PORT are not set, which --backend torch needs"):
+        mpi.torch_init_method()
+    assert from_environ({**BASE, "RANK": "0", "WORLD_SIZE": "2"}).torch_init_method() == "env://"
+    with pytest.raises(DssyncError, match="go together"):
+        from_environ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h"})
+
+
+@pytest.mark.parametrize(("env", "match"), [
+    ({"WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "RANK": "0"},
+     r"OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2 \(mpirun\) but RANK=0 WORLD_SIZE=4 \(torchrun\)"),
+    ({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "4", "PMI_RANK": "2", "PMI_SIZE": "4"},
+     r"HOROVOD_RANK=1 HOROVOD_SIZE=4 \(horovodrun\) but PMI_RANK=2 PMI_SIZE=4 \(mpich\)"),
+    ({"OMPI_COMM_WORLD_SIZE": "4"}, "OMPI_COMM_WORLD_SIZE is set but OMPI_COMM_WORLD_RANK is not"),
+])
+def test_launchers_that_disagree_are_named(env, match):
+    with pytest.raises(DssyncError, match=match):
+        from_environ(env)
