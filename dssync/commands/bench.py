@@ -218,7 +218,6 @@ def _allreduce_per_backend(args: argparse.Namespace, backends: list[str]) -> int
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
     from rich.console import Console
 
@@ -238,19 +237,24 @@ def run_compare(args: argparse.Namespace) -> int:
                               f"comm {r['comm_ms_per_iter']:.1f} ms/iter, wall {r['wall_s']:.1f} s, "
                               f"best accuracy {r['best_accuracy']:.4f}"), markup=False, highlight=False))
     rows = summarize(records)
-    table = markdown_table(rows)
-    print(table)
-    if args.json:
-        write_json(args.json, records)
-    if args.markdown:
-        Path(args.markdown).write_text(table + "\n")
+    _report(markdown_table(rows), records, args)
     if args.plot:
         plot(records, rows, args.plot)
     return 0
 
 
-def run_simcheck(args: argparse.Namespace) -> int:
+def _report(table: str, records: object, args: argparse.Namespace) -> None:
+    """Print the markdown table; write the records (--json) and the table (--markdown)."""
     from pathlib import Path
+
+    print(table)
+    if args.json:
+        write_json(args.json, records)
+    if args.markdown:
+        Path(args.markdown).write_text(table + "\n")
+
+
+def run_simcheck(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
@@ -268,12 +272,7 @@ def run_simcheck(args: argparse.Namespace) -> int:
                     progress=lambda r: console.print(
                         f"{r['scenario']} {r['strategy']}: measured {r['measured_ms']:.1f} ms/iter, "
                         f"simulated {r['predicted_ms']:.1f} ({r['ratio']:.2f}x)"))
-    table = markdown_table(rows)
-    print(table)
-    if args.json:
-        write_json(args.json, rows)
-    if args.markdown:
-        Path(args.markdown).write_text(table + "\n")
+    _report(markdown_table(rows), rows, args)
     return 0
 
 
