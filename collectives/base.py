@@ -9,15 +9,16 @@ was never registered is an error rather than a silent hang.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import torch
 
 from dssync.errors import CommunicationError
 
-__all__ = ["Communicator", "Group", "Work"]
+__all__ = ["Communicator", "Group", "Work", "poll_until"]
 
 Group = tuple[int, ...]
 
@@ -25,6 +26,19 @@ Group = tuple[int, ...]
 class Work(Protocol):
     def wait(self) -> None:
         """Block until the op is done; raise ``CommunicationError`` on failure or timeout."""
+
+
+def poll_until(done: Callable[[], bool], describe: str, timeout_s: float) -> None:
+    """Call ``done()`` until it is true, backing off from 20 µs to 0.5 ms between calls;
+    past ``timeout_s`` raise ``CommunicationError`` with ``describe``. For libraries whose
+    own waits have no deadline (MPI requests, Horovod handles)."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.0
+    while not done():
+        if time.monotonic() > deadline:
+            raise CommunicationError(f"{describe} timed out after {timeout_s:.0f} s")
+        delay = min(5e-4, max(2e-5, delay * 1.5))
+        time.sleep(delay)
 
 
 class Communicator(ABC):
@@ -70,6 +84,39 @@ class Communicator(ABC):
     @abstractmethod
     def barrier(self) -> None:
         """Wait for every rank (world)."""
+
+    def _describe(self, op: str, group: Group | None) -> str:
+        where = "the world" if group is None else f"group {list(group)}"
+        return f"rank {self.rank}: {op} over {where} (timeout {self.timeout_s:.0f} s)"
+
+    def agreed_groups(self, groups: Iterable[Sequence[int]]) -> list[Group]:
+        """The distinct groups of ``groups``, sorted, in first-seen order, once every rank has
+        been shown to list the same ones (collective: an ``allgather_object``). A rank that
+        lists other groups would block the others in group creation; this fails first."""
+        wanted = list(dict.fromkeys(tuple(sorted(g)) for g in groups))
+        outside = next((g for g in wanted if not g or g[0] < 0 or g[-1] >= self.world_size), None)
+        if outside is not None:
+            raise CommunicationError(
+                f"rank {self.rank}: group {list(outside)} names ranks outside the world of {self.world_size}"
+            )
+        disagree = [r for r, other in enumerate(self.allgather_object(wanted)) if other != wanted]
+        if disagree:
+            raise CommunicationError(
+                f"rank {self.rank}: ranks {disagree} asked for other groups than rank "
+                f"{self.rank} ({len(wanted)} groups); every rank must use the same schedule"
+            )
+        return wanted
+
+    def registered(self, table: dict[Group, Any], group: Group) -> Any:
+        """``table[group]`` for a group this rank is in, or the error that it was never registered."""
+        self.check_member(group)
+        try:
+            return table[group]
+        except KeyError:
+            raise CommunicationError(
+                f"rank {self.rank}: group {list(group)} was never registered; list every group "
+                "in register_groups() before using it (all ranks, same order)"
+            ) from None
 
     def check_member(self, group: Group | None) -> None:
         if group is not None and self.rank not in group:

@@ -115,14 +115,7 @@ class FakeCommunicator(Communicator):
         return self.world._collective(self.rank, op, group, seq, value, combine)
 
     def register_groups(self, groups: Iterable[Sequence[int]]) -> None:
-        wanted = list(dict.fromkeys(tuple(sorted(g)) for g in groups))
-        lists = self.allgather_object(wanted)
-        disagree = [r for r, other in enumerate(lists) if other != wanted]
-        if disagree:
-            raise CommunicationError(
-                f"rank {self.rank}: ranks {disagree} asked for other groups than rank {self.rank}"
-            )
-        self._registered.update(wanted)
+        self._registered.update(self.agreed_groups(groups))
 
     def allreduce_async_(self, tensor: torch.Tensor, group: Group | None = None, *,
                          average: bool = False) -> Any:

@@ -17,14 +17,13 @@ iteration (gossip does). Horovod has no reduce-to-one either: ``reduce_`` is an 
 from __future__ import annotations
 
 import pickle
-import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
-from dssync.collectives.base import Communicator, Group
+from dssync.collectives.base import Communicator, Group, poll_until
 from dssync.errors import CommunicationError, DssyncError
 
 __all__ = ["HorovodCommunicator", "import_horovod"]
@@ -44,23 +43,15 @@ def import_horovod() -> Any:
 
 
 class _HorovodWork:
-    def __init__(self, hvd: Any, handle: Any, describe: str, timeout_s: float,
-                 scale: tuple[torch.Tensor, float] | None = None) -> None:
+    def __init__(self, hvd: Any, handle: Any, describe: str, timeout_s: float) -> None:
         self._hvd, self._handle, self._describe, self._timeout_s = hvd, handle, describe, timeout_s
-        self._scale = scale
         self.result: Any = None
 
     def wait(self) -> None:
         if self._handle is None:
             return
-        deadline = time.monotonic() + self._timeout_s
-        delay = 0.0
         try:
-            while not self._hvd.poll(self._handle):
-                if time.monotonic() > deadline:
-                    raise CommunicationError(f"{self._describe} timed out after {self._timeout_s:.0f} s")
-                delay = min(5e-4, max(2e-5, delay * 1.5))
-                time.sleep(delay)
+            poll_until(lambda: self._hvd.poll(self._handle), self._describe, self._timeout_s)
             self.result = self._hvd.synchronize(self._handle)
         except CommunicationError:
             raise
@@ -68,9 +59,6 @@ class _HorovodWork:
             raise CommunicationError(f"{self._describe} failed: {str(exc).strip().splitlines()[0]}") from None
         finally:
             self._handle = None
-        if self._scale is not None:
-            tensor, factor = self._scale
-            tensor.mul_(factor)
 
 
 class HorovodCommunicator(Communicator):
@@ -85,21 +73,10 @@ class HorovodCommunicator(Communicator):
         self._sets: dict[Group, Any] = {}
         self._seq: dict[tuple[str, Group | None], int] = defaultdict(int)
 
-    def _describe(self, op: str, group: Group | None) -> str:
-        where = "the world" if group is None else f"group {list(group)}"
-        return f"rank {self.rank}: {op} on {where} (timeout {self.timeout_s:.0f} s)"
-
     def _set(self, group: Group | None) -> Any:
         if group is None or len(group) == self.world_size:
             return self._hvd.global_process_set
-        self.check_member(group)
-        try:
-            return self._sets[group]
-        except KeyError:
-            raise CommunicationError(
-                f"rank {self.rank}: group {list(group)} was never registered; pass every group of the "
-                "schedule to register_groups first"
-            ) from None
+        return self.registered(self._sets, group)
 
     def _name(self, op: str, group: Group | None) -> str:
         key = (op, None if group is None or len(group) == self.world_size else group)
@@ -108,10 +85,7 @@ class HorovodCommunicator(Communicator):
         return f"dssync.{op}.{where}.{self._seq[key]}"
 
     def register_groups(self, groups: Iterable[Sequence[int]]) -> None:
-        for group in dict.fromkeys(tuple(sorted(g)) for g in groups):
-            if any(not 0 <= r < self.world_size for r in group):
-                raise CommunicationError(f"rank {self.rank}: group {list(group)} has ranks outside the "
-                                         f"world of {self.world_size}")
+        for group in self.agreed_groups(groups):
             if len(group) < 2 or len(group) == self.world_size or group in self._sets:
                 continue
             try:

@@ -14,17 +14,17 @@ as NumPy views, so nothing is copied.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import sys
 import threading
-import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from dssync.collectives.base import Communicator, Group
+from dssync.collectives.base import Communicator, Group, poll_until
 from dssync.errors import CommunicationError, DssyncError
 
 __all__ = ["MPICommunicator", "import_mpi"]
@@ -64,20 +64,13 @@ class _MPIWork:
     def wait(self) -> None:
         from mpi4py import MPI
 
-        deadline = time.monotonic() + self._timeout_s
-        spins, delay = 0, 0.0
-        while not MPI.Request.Testall(self._requests):
-            if time.monotonic() > deadline:
-                for req in self._requests:
-                    try:
-                        req.Cancel()
-                    except MPI.Exception:
-                        pass
-                raise CommunicationError(f"{self._describe} timed out after {self._timeout_s:.0f} s")
-            spins += 1
-            if spins > 200:  # after a short spin, back off to at most 0.5 ms between tests
-                delay = min(5e-4, max(2e-5, delay * 1.5))
-                time.sleep(delay)
+        try:
+            poll_until(lambda: MPI.Request.Testall(self._requests), self._describe, self._timeout_s)
+        except CommunicationError:
+            for req in self._requests:
+                with contextlib.suppress(MPI.Exception):
+                    req.Cancel()
+            raise
         if self._scale is not None:
             tensor, factor = self._scale
             tensor.mul_(factor)
@@ -93,28 +86,13 @@ class MPICommunicator(Communicator):
         self.timeout_s = timeout_s
         self._comms: dict[Group, Any] = {}
 
-    def _describe(self, op: str, group: Group | None) -> str:
-        where = "the world" if group is None else f"group {list(group)}"
-        return f"rank {self.rank}: {op} on {where} (timeout {self.timeout_s:.0f} s)"
-
     def _comm(self, group: Group | None) -> Any:
         if group is None or len(group) == self.world_size:
             return self._world
-        self.check_member(group)
-        try:
-            return self._comms[group]
-        except KeyError:
-            raise CommunicationError(
-                f"rank {self.rank}: group {list(group)} was never registered; pass every group of the "
-                "schedule to register_groups first"
-            ) from None
+        return self.registered(self._comms, group)
 
     def register_groups(self, groups: Iterable[Sequence[int]]) -> None:
-        ordered = list(dict.fromkeys(tuple(sorted(g)) for g in groups))
-        for group in ordered:
-            if any(not 0 <= r < self.world_size for r in group):
-                raise CommunicationError(f"rank {self.rank}: group {list(group)} has ranks outside the "
-                                         f"world of {self.world_size}")
+        ordered = self.agreed_groups(groups)
         world_group = self._world.Get_group()
         for group in ordered:
             if len(group) < 2 or len(group) == self.world_size or group in self._comms \
@@ -129,24 +107,21 @@ class MPICommunicator(Communicator):
                 sub.Free()
         world_group.Free()
 
-    def _watchdog(self, what: str) -> Any:
-        comm, rank, timeout = self._world, self.rank, self.timeout_s
+    @contextlib.contextmanager
+    def _watchdog(self, what: str) -> Iterator[None]:
+        """Abort the MPI job when the block outlasts the timeout (for calls MPI cannot bound)."""
+        def expire() -> None:
+            print(f"rank {self.rank}: {what} did not finish within {self.timeout_s:.0f} s; aborting the MPI job",
+                  file=sys.stderr, flush=True)
+            self._world.Abort(1)
 
-        class _Watch:
-            def __enter__(self) -> None:
-                def expire() -> None:
-                    print(f"rank {rank}: {what} did not finish within {timeout:.0f} s; aborting the MPI job",
-                          file=sys.stderr, flush=True)
-                    comm.Abort(1)
-
-                self._timer = threading.Timer(timeout, expire)
-                self._timer.daemon = True
-                self._timer.start()
-
-            def __exit__(self, *exc: Any) -> None:
-                self._timer.cancel()
-
-        return _Watch()
+        timer = threading.Timer(self.timeout_s, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
 
     def allreduce_async_(self, tensor: torch.Tensor, group: Group | None = None, *,
                          average: bool = False) -> _MPIWork:

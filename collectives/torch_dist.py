@@ -88,15 +88,7 @@ class TorchCommunicator(Communicator):
 
     # -- groups --------------------------------------------------------------------------
     def register_groups(self, groups: Iterable[Sequence[int]]) -> None:
-        wanted = list(dict.fromkeys(tuple(sorted(g)) for g in groups))
-        # A rank that lists other groups would block every rank in new_group; compare first.
-        lists = self.allgather_object(wanted)
-        disagree = [r for r, other in enumerate(lists) if other != wanted]
-        if disagree:
-            raise CommunicationError(
-                f"rank {self.rank}: ranks {disagree} asked for other groups than rank "
-                f"{self.rank} ({len(wanted)} groups); every rank must use the same schedule"
-            )
+        wanted = self.agreed_groups(groups)
         world = tuple(range(self.world_size))
         new = [g for g in wanted if len(g) >= 2 and g != world and g not in self._groups]
         if len(self._groups) + len(new) > MAX_GROUPS:
@@ -106,10 +98,6 @@ class TorchCommunicator(Communicator):
                 "every member, so plans must reuse groups (regroup less often)"
             )
         for group in new:
-            if group[-1] >= self.world_size or group[0] < 0:
-                raise CommunicationError(
-                    f"group {list(group)} names ranks outside the world of {self.world_size}"
-                )
             self._groups[group] = dist.new_group(
                 ranks=list(group), timeout=datetime.timedelta(seconds=self.timeout_s)
             )
@@ -117,18 +105,7 @@ class TorchCommunicator(Communicator):
     def _process_group(self, group: Group | None) -> Any:
         if group is None or len(group) == self.world_size:
             return None  # the default (world) group
-        self.check_member(group)
-        try:
-            return self._groups[group]
-        except KeyError:
-            raise CommunicationError(
-                f"rank {self.rank}: group {list(group)} was never registered; list every group "
-                "in register_groups() before using it (all ranks, same order)"
-            ) from None
-
-    def _describe(self, op: str, group: Group | None) -> str:
-        where = "the world" if group is None else f"group {list(group)}"
-        return f"rank {self.rank}: {op} over {where} (timeout {self.timeout_s:.0f} s)"
+        return self.registered(self._groups, group)
 
     # -- collectives -----------------------------------------------------------------------
     def allreduce_async_(self, tensor: torch.Tensor, group: Group | None = None, *,

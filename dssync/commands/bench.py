@@ -170,6 +170,7 @@ def _allreduce_per_backend(args: argparse.Namespace, backends: list[str]) -> int
     import subprocess
     import sys
     import tempfile
+    from pathlib import Path
 
     from dssync.bench.allreduce import size_sweep
 
@@ -207,7 +208,7 @@ def _allreduce_per_backend(args: argparse.Namespace, backends: list[str]) -> int
             if proc.returncode != 0 or not os.path.exists(out):
                 tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
                 raise ValueError(f"--backend {backend} job failed (exit {proc.returncode}):\n{tail}")
-            records[backend] = json.loads(open(out).read())
+            records[backend] = json.loads(Path(out).read_text())
             print(proc.stdout.strip(), flush=True)
     top = {b: r["rows"][-1] for b, r in records.items()}
     print("# busbw at the largest size: " + ", ".join(

@@ -239,3 +239,15 @@ def test_overlapped_mode_computes_what_after_step_mode_computes(bucket_mb):
     # Groups, not the world: ranks start equal (setup), see different data, and stay apart.
     params = [p for p, _ in run(True)]
     assert not all(torch.equal(params[0], q) for q in params[1:])
+
+
+def test_every_backend_refuses_groups_that_ranks_disagree_on_or_that_leave_the_world():
+    def body(comm):
+        mine = [(0, 1), (2, 3)] if comm.rank != 2 else [(0, 2), (1, 3)]
+        with pytest.raises(CommunicationError, match=r"ranks \[2\] asked for other groups|ranks \[0, 1, 3\] asked"):
+            comm.register_groups(mine)
+        with pytest.raises(CommunicationError, match=r"group \[3, 4\] names ranks outside the world of 4"):
+            comm.register_groups([(3, 4)])
+        return True
+
+    assert FakeWorld(4).run(body) == [True] * 4
