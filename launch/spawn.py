@@ -135,6 +135,7 @@ def _run_launched(env: LaunchEnv, fn: Callable[..., Any], args: tuple[Any, ...],
     try:
         out: list[Any] = [None] * env.world_size
         out[env.rank] = fn(comm, *args)
+        comm.barrier()  # nobody tears down while a peer's last sends are still in flight
         return out
     finally:
         _teardown(backend)
