@@ -62,14 +62,21 @@ SUBNET = "10.77"
 MASTER_PORT = 29500
 IPERF_BASE_PORT = 5201
 QUEUE_MS = 5  # tbf queue per shaped link, in ms at its rate
+#: Largest GSO segment a host hands its NIC, in bytes. The kernel's default, 64 KiB, lets a
+#: ``QUEUE_MS`` tbf queue hold only a dozen segments: with a few flows through it, each drop
+#: loses some 45 packets at once, a whole window, and TCP waits out a retransmission timeout
+#: (200 ms, doubling). A 1.6 MB send out of a NIC shared with a background flow took 110 ms
+#: at the median but 400 ms to 1.8 s one time in four; at 16 KiB every one of 20 took 122 ms,
+#: the 1/9 fair share. A switch port's buffer holds packets, not host-side super-segments.
+#: The price is CPU: four times the segments through the veths and qdiscs. With 8 ranks on 2
+#: cores, ds-sync's static comm time (mnist-wide) rose from 31 to 53 ms, allreduce's from 47
+#: to 63 ms.
+GSO_MAX_BYTES = 16384
 #: TCP streams per background flow: TCP's per-stream fairness leaves k job flows about
 #: k/(k + FLOW_STREAMS) of the contended link, so even a whole rack of 4 or 5 workers sending
 #: at once keeps only about a third of its uplink: a clear bottleneck, as in the paper's
-#: contended scenarios. More streams cost no more CPU (the link's rate caps the bytes). Against
-#: a single flow behind a shallow queue, 4 or more streams starve it (a worker's own flow out
-#: of a NIC carrying 8 streams gets about 1% of it, measured here; 2 streams leave it about a
-#: third): ``contend(streams=2)`` models one other job sharing a NIC. Flows run
-#: one way, out of the rack (or out of the worker): traffic of other tasks leaving a rack,
+#: contended scenarios. More streams cost no more CPU (the link's rate caps the bytes). Flows
+#: run one way, out of the rack (or out of the worker): traffic of other tasks leaving a rack,
 #: which a probe can attribute to that rack's uplink; both ways would also double the CPU
 #: that two cores spend on background traffic.
 FLOW_STREAMS = 8
@@ -275,7 +282,12 @@ def _attach(c: Cluster, ns: str, fabric_dev: str, bridge: str, addr: str) -> Non
     _ip(c.fabric, "link", "add", fabric_dev, "type", "veth", "peer", "name", "eth0", "netns", ns)
     _ip(c.fabric, "link", "set", fabric_dev, "master", bridge, "up")
     _ip(ns, "addr", "add", f"{addr}/16", "dev", "eth0")
-    _ip(ns, "link", "set", "eth0", "up")
+    _ip(ns, "link", "set", "eth0", "gso_max_size", str(GSO_MAX_BYTES), "up")
+    # A connection idle for one retransmission timeout restarts from the initial window
+    # (Linux's default), so a group that meets every few iterations would enter a contended
+    # link at 10 packets against established streams. Clusters that run collectives turn it
+    # off; so do the emulated hosts (per namespace).
+    _sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.tcp_slow_start_after_idle=0")
     _ip(ns, "link", "set", "lo", "up")
 
 
