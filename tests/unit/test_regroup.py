@@ -66,6 +66,18 @@ def test_a_nic_that_recovers_is_cleared_and_one_not_seen_is_kept():
     assert sense_contention([], racks, MB, current=([0], [4])) == ([0], [4])
 
 
+def test_an_isolated_nic_is_judged_by_its_typical_pair_not_its_luckiest():
+    # Rank 4 paired apart on a NIC it shares: one pair in the window ran at full rate.
+    topo = Topology.from_rack_sizes([5, 3])
+    racks = [topo.rack_of(r) for r in range(8)]
+    records = records_for(adjusted_plan(topo, slow_nics=[4]), 20, slow_nics={4}, racks=racks)
+    lucky_step = next(step for step, group, _ in records if 4 in group)
+    lucky = [(step, group, s / 4 if step == lucky_step and 4 in group else s) for step, group, s in records]
+    assert sense_contention(lucky, racks, MB, current=([], [4])) == ([], [4])
+    # Not yet isolated, the same lucky pair is what shows that rank 4 can be fast.
+    assert sense_contention(lucky, racks, MB, current=([], [])) == ([], [])
+
+
 def test_an_uplink_the_window_cannot_judge_keeps_its_flag():
     # Three racks, rack 1 paired apart: the large inter-rack group is one representative,
     # so every cross-rack group holds rack 1 and there is nothing to compare it with.
