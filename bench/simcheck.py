@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,44 @@ from dssync.launch import emulate
 __all__ = ["network_of", "simcheck", "markdown_table"]
 
 
-def network_of(scenario: str, *, alpha_s: float) -> Network:
+def host_throughput(*, name: str = "simhost", seconds: int = 3) -> dict[str, Any]:
+    """Veth-bytes per second this machine moves when every worker of the ``static`` cluster
+    sends at once (``Network.host_bps``): one iperf3 flow out of every worker to the next
+    (``i -> i+1``, two of them between racks), their received rates weighted by the veths
+    each crosses (two inside a rack, four between racks). If every flow still reached its
+    NIC's rate, the machine was not the limit and the cap is ``inf``."""
+    spec = emulate.SCENARIOS["static"]
+    port = 5301
+    with emulate.cluster(spec["rack_sizes"], nic=spec["nic"], uplink=spec["uplink"], name=name) as c:
+        n = c.world_size
+        servers = [subprocess.Popen(["ip", "netns", "exec", c.worker_ns(i), "iperf3", "-s", "-1", "-p", str(port)],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(n)]
+        try:
+            time.sleep(0.5)
+            clients = [subprocess.Popen(["ip", "netns", "exec", c.worker_ns(i), "iperf3", "-c",
+                                         c.worker_addr((i + 1) % n), "-p", str(port), "-t", str(seconds),
+                                         "-O", "1", "-J"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                       for i in range(n)]
+            outputs = [p.communicate(timeout=seconds + 30)[0] for p in clients]
+        finally:
+            for p in servers:
+                p.kill()
+                p.wait()
+        rates = []
+        for i, out in enumerate(outputs):
+            try:
+                rates.append(json.loads(out)["end"]["sum_received"]["bits_per_second"] / 8)
+            except (ValueError, KeyError) as exc:
+                raise emulate.EmulationError(f"iperf3 w{i} -> w{(i + 1) % n} gave no result: {out[-300:]}") from exc
+        racks = [c.rack_of(i) for i in range(n)]
+    crossings = [4 if racks[i] != racks[(i + 1) % n] else 2 for i in range(n)]
+    nic_bps = emulate.parse_rate(spec["nic"]) / 8
+    limited = min(rates) < 0.95 * nic_bps
+    return {"flow_bps": rates, "host_bps": sum(r * k for r, k in zip(rates, crossings, strict=True))
+            if limited else float("inf"), "nic_bps": nic_bps}
+
+
+def network_of(scenario: str, *, alpha_s: float, host_bps: float = float("inf")) -> Network:
     """The simulator's model of an emulated scenario: rates, racks, background streams."""
     spec = emulate.SCENARIOS[scenario]
     uplink_bg: dict[int, int] = {}
@@ -44,7 +83,7 @@ def network_of(scenario: str, *, alpha_s: float) -> Network:
             nic_bg[index] = nic_bg.get(index, 0) + emulate.FLOW_STREAMS
     return Network(tuple(spec["rack_sizes"]), nic_bps=emulate.parse_rate(spec["nic"]) / 8,
                    uplink_bps=emulate.parse_rate(spec["uplink"]) / 8, alpha_s=alpha_s,
-                   uplink_out_streams=uplink_bg, nic_out_streams=nic_bg)
+                   uplink_out_streams=uplink_bg, nic_out_streams=nic_bg, host_bps=host_bps)
 
 
 def _model_bytes(model_mb: float) -> int:
@@ -55,19 +94,25 @@ def _model_bytes(model_mb: float) -> int:
 
 
 def simcheck(scenarios: Sequence[str], strategies: Sequence[str], *, model_mb: float = 4.0, steps: int = 40,
-             warmup: int = 5, alpha_s: float = 50e-6, name: str = "simchk", timeout_s: float = 900.0,
+             warmup: int = 5, alpha_s: float = 50e-6, host_bps: float | None = None, name: str = "simchk",
+             timeout_s: float = 900.0,
              progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """One row per (scenario, strategy): measured and predicted comm ms/iter and their ratio."""
+    """One row per (scenario, strategy): measured and predicted comm ms/iter and their ratio.
+
+    ``host_bps`` is the machine's veth-bytes per second (``Network.host_bps``); ``None``
+    measures it first with ``host_throughput()``, on its own cluster, before any strategy runs."""
     unknown = [s for s in scenarios if s not in emulate.SCENARIOS]
     if unknown:
         raise ValueError(f"unknown scenario {unknown[0]!r}; choose from {', '.join(emulate.SCENARIOS)}")
     if steps <= warmup or warmup < 0 or model_mb <= 0:
         raise ValueError(f"need steps > warmup >= 0 and model_mb > 0, got {steps}, {warmup}, {model_mb}")
     size = _model_bytes(model_mb)
+    if host_bps is None:
+        host_bps = host_throughput(name=f"{name}h")["host_bps"]
     rows = []
     for scenario in scenarios:
         spec = emulate.SCENARIOS[scenario]
-        net = network_of(scenario, alpha_s=alpha_s)
+        net = network_of(scenario, alpha_s=alpha_s, host_bps=host_bps)
         with emulate.cluster(spec["rack_sizes"], nic=spec["nic"], uplink=spec["uplink"], name=name), \
                 tempfile.TemporaryDirectory() as tmp:
             topo = Path(tmp) / "topology.json"
@@ -85,6 +130,7 @@ def simcheck(scenarios: Sequence[str], strategies: Sequence[str], *, model_mb: f
                 predicted = 1e3 * float(statistics.median(iteration_times(net, strategy, size, steps)[warmup:]))
                 row = {"scenario": scenario, "strategy": strategy, "model_bytes": size, "steps": steps,
                        "measured_ms": measured, "predicted_ms": predicted, "ratio": predicted / measured,
+                       "host_bps": host_bps,
                        "comm_ms_samples": rec["comm_ms_samples"]}
                 rows.append(row)
                 if progress is not None:

@@ -16,6 +16,12 @@ a link's bytes per second):
   slowest flow's bytes over its rate, a group's collective the sum of its steps, and an
   iteration as long as its slowest group (the round's groups run at once).
 
+On the emulated cluster one more resource is shared: the machine itself, whose cores move
+every byte through each veth it crosses (a flow inside a rack crosses two, a flow between
+racks four). ``Network.host_bps`` caps those veth-bytes per second; a step then lasts at
+least its veth-bytes over the cap. It is infinite for a real cluster and measured for the
+emulated one (``dssync bench simcheck`` runs one iperf3 flow out of every worker at once).
+
 Steps of one pattern repeat (every ring step moves the same bytes over the same links), so
 each distinct round is computed once, with numpy over all flows, and an iteration's time
 is looked up; 1000 iterations of 4096 workers take seconds.
@@ -51,6 +57,10 @@ class Network:
     nic_out_streams: dict[int, int] = field(default_factory=dict)
     """Background streams leaving worker i through its NIC (and, with ``nic_crosses``, its rack's uplink)."""
     nic_crosses_uplink: bool = True
+    host_bps: float = float("inf")
+    """Veth-bytes per second the machine hosting an emulated cluster can move (every byte
+    counted once per veth it crosses: two inside a rack, four between racks); ``inf`` for a
+    real cluster."""
 
     @property
     def world_size(self) -> int:
@@ -67,7 +77,21 @@ def _step_time(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarra
     """Seconds for one step in which flow ``k`` moves ``nbytes[k]`` from ``src[k]`` to ``dst[k]``."""
     if src.size == 0:
         return 0.0
-    return net.alpha_s + float(_per_flow_times(net, src, dst, nbytes).max())
+    return net.alpha_s + max(float(_per_flow_times(net, src, dst, nbytes).max()), _host_time(net, src, dst, nbytes))
+
+
+def _host_time(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> float:
+    """Seconds the hosting machine needs to move one step's flows through its veths."""
+    if not np.isfinite(net.host_bps):
+        return 0.0
+    racks = net.rack_of()
+    crossings = np.where(racks[src] != racks[dst], 4, 2)
+    # Background flows run all the time, through three veths each (their source's, the
+    # uplink, the sink's), at nearly their link's rate: what they move is not the job's.
+    background = sum(net.uplink_bps for _ in net.uplink_out_streams)
+    background += sum(min(net.nic_bps, net.uplink_bps) for _ in net.nic_out_streams)
+    capacity = max(net.host_bps - 3 * background, 0.1 * net.host_bps)
+    return float((nbytes * crossings).sum()) / capacity
 
 
 def _ring_round(net: Network, groups: Sequence[Sequence[int]], size_bytes: float) -> float:
@@ -83,9 +107,10 @@ def _ring_round(net: Network, groups: Sequence[Sequence[int]], size_bytes: float
     # is its own flows' slowest rate under the common load (a bound, exact when all groups
     # have the same size).
     per_flow = _per_flow_times(net, src, dst, sizes)
+    host = _host_time(net, src, dst, sizes)  # all groups' flows of one step, through one machine
     out, start = 0.0, 0
     for g in groups:
-        slowest = float(per_flow[start : start + len(g)].max())
+        slowest = max(float(per_flow[start : start + len(g)].max()), host)
         out = max(out, 2 * (len(g) - 1) * (net.alpha_s + slowest))
         start += len(g)
     return out

@@ -61,6 +61,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     k.add_argument("--steps", type=int, default=40)
     k.add_argument("--warmup", type=int, default=5, help="iterations left out of both medians")
     k.add_argument("--alpha-us", type=float, default=50.0, help="the simulator's seconds per hop, in microseconds")
+    k.add_argument("--host-gbytes", type=float, default=None, metavar="GB/S",
+                   help="the machine's veth-bytes per second for the simulator (default: measure it with "
+                   "iperf3, one flow out of every worker at once; 0: no cap)")
     k.add_argument("--json", metavar="OUT")
     k.add_argument("--markdown", metavar="OUT")
     k.set_defaults(run=run_simcheck)
@@ -270,6 +273,7 @@ def run_simcheck(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     rows = simcheck(scenarios, strategies, model_mb=args.model_mb, steps=args.steps, warmup=args.warmup,
                     alpha_s=args.alpha_us * 1e-6,
+                    host_bps=None if args.host_gbytes is None else (args.host_gbytes * 1e9 or float("inf")),
                     progress=lambda r: console.print(
                         f"{r['scenario']} {r['strategy']}: measured {r['measured_ms']:.1f} ms/iter, "
                         f"simulated {r['predicted_ms']:.1f} ({r['ratio']:.2f}x)"))

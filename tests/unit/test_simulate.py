@@ -65,3 +65,20 @@ def test_the_simulator_models_each_emulated_scenario_with_its_background_streams
     assert static.nic_bps == static.uplink_bps == 125e6
     row = {"scenario": "static", "strategy": "gossip", "measured_ms": 10.0, "predicted_ms": 8.0, "ratio": 0.8}
     assert markdown_table([row]).splitlines()[-1] == "| static | gossip | 10.0 | 8.0 | 0.80 |"
+
+
+def test_the_hosting_machine_caps_a_step_by_the_veth_bytes_it_moves():
+    # A 1 Gbit/s ring on a machine that moves 0.5 GB of veth-bytes a second: each step's
+    # 8 flows carry S/8, six inside a rack (two veths) and two between racks (four).
+    host = 0.5e9
+    net = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=ALPHA, host_bps=host)
+    step = (6 * 2 + 2 * 4) * (S / 8) / host
+    assert step > S / 8 / B  # the machine, not the links, is the limit here
+    assert iteration_times(net, "allreduce", S, 1)[0] == pytest.approx(2 * 7 * (ALPHA + step))
+    # A background flow (three veths at its link's rate) leaves the job the rest.
+    busy = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=ALPHA, host_bps=host, uplink_out_streams={0: 8})
+    step = (6 * 2 + 2 * 4) * (S / 8) / (host - 3 * B)
+    assert iteration_times(busy, "allreduce", S, 1)[0] == pytest.approx(2 * 7 * (ALPHA + max(step, S / 8 / (B / 9))))
+    # Uncapped (a real cluster) nothing changes.
+    assert iteration_times(Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=ALPHA), "allreduce", S, 1)[0] == \
+        pytest.approx(2 * 7 * (ALPHA + S / 8 / B))
