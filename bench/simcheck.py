@@ -12,8 +12,10 @@ the topology the simulator assumes it has probed (racks plus the contended links
 follow the same schedule.
 
 ``ratio`` is prediction ÷ measurement: 1.0 is a perfect prediction, below 1 the simulator
-is optimistic. The simulator knows nothing of TCP's ramp-up, gloo's per-step overhead or
-the two cores the ranks share, which is what the comparison is for.
+is optimistic. The machine is in the model only as ``host_throughput()`` measures it with
+iperf3 (veth-bytes per second); the simulator knows nothing of TCP's ramp-up, gloo's
+per-step overhead or the CPU the ranks' own work takes from the two cores, which is what
+the comparison is for.
 """
 
 from __future__ import annotations
