@@ -21,6 +21,7 @@ the comparison is for.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import subprocess
 import tempfile
@@ -132,7 +133,7 @@ def simcheck(scenarios: Sequence[str], strategies: Sequence[str], *, model_mb: f
                 predicted = 1e3 * float(statistics.median(iteration_times(net, strategy, size, steps)[warmup:]))
                 row = {"scenario": scenario, "strategy": strategy, "model_bytes": size, "steps": steps,
                        "measured_ms": measured, "predicted_ms": predicted, "ratio": predicted / measured,
-                       "host_bps": host_bps,
+                       "host_bps": host_bps if math.isfinite(host_bps) else None,
                        "comm_ms_samples": rec["comm_ms_samples"]}
                 rows.append(row)
                 if progress is not None:

@@ -88,8 +88,8 @@ def _host_time(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarra
     crossings = np.where(racks[src] != racks[dst], 4, 2)
     # Background flows run all the time, through three veths each (their source's, the
     # uplink, the sink's), at nearly their link's rate: what they move is not the job's.
-    background = sum(net.uplink_bps for _ in net.uplink_out_streams)
-    background += sum(min(net.nic_bps, net.uplink_bps) for _ in net.nic_out_streams)
+    background = len(net.uplink_out_streams) * net.uplink_bps
+    background += len(net.nic_out_streams) * min(net.nic_bps, net.uplink_bps)
     capacity = max(net.host_bps - 3 * background, 0.1 * net.host_bps)
     return float((nbytes * crossings).sum()) / capacity
 

