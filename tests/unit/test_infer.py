@@ -141,6 +141,18 @@ def test_pairwise_flows_decide_and_the_concurrent_aggregate_is_reported():
     assert classify_contention(clean, racks, [1.0, 0.35, 0.95])["uplinks"] == []
 
 
+def test_a_close_pairwise_call_is_decided_by_the_aggregate():
+    racks = layout([4, 4])
+    _, bw = matrices(racks, noise=0.0, seed=12)
+    bw[:4, 4:] *= 0.15  # leaving rack 0: contended
+    bw[4:, :4] *= 0.22  # entering rack 0: its ACKs queue behind the same traffic
+    assert classify_contention(bw, racks)["uplinks"] == []  # 0.68: not below 0.6 alone
+    result = classify_contention(bw, racks, [0.23, 0.90])
+    assert [u["rack"] for u in result["uplinks"]] == [0]
+    # A clear aggregate leaves the close call alone.
+    assert classify_contention(bw, racks, [0.85, 0.90])["uplinks"] == []
+
+
 def test_a_slow_uplink_is_flagged_from_pairwise_egress():
     racks = layout([4, 4])
     _, bw = matrices(racks, noise=0.1, seed=9)
