@@ -49,6 +49,7 @@ def host_throughput(*, name: str = "simhost", seconds: int = 3) -> dict[str, Any
         n = c.world_size
         servers = [subprocess.Popen(["ip", "netns", "exec", c.worker_ns(i), "iperf3", "-s", "-1", "-p", str(port)],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(n)]
+        clients: list[subprocess.Popen] = []
         try:
             time.sleep(0.5)
             clients = [subprocess.Popen(["ip", "netns", "exec", c.worker_ns(i), "iperf3", "-c",
@@ -56,8 +57,8 @@ def host_throughput(*, name: str = "simhost", seconds: int = 3) -> dict[str, Any
                                          "-O", "1", "-J"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                        for i in range(n)]
             outputs = [p.communicate(timeout=seconds + 30)[0] for p in clients]
-        finally:
-            for p in servers:
+        finally:  # a client past its timeout is stopped too, not left sending
+            for p in [*clients, *servers]:
                 p.kill()
                 p.wait()
         rates = []
