@@ -20,9 +20,6 @@ __all__ = ["DEFAULT_SLOW_RATIO", "classify_contention", "infer_racks", "renumber
 
 DEFAULT_RACK_GAP = 0.5
 DEFAULT_SLOW_RATIO = 0.6
-#: An uplink whose pairwise egress is only below this ratio (not ``slow_ratio``) is slow
-#: when the rack's concurrent aggregate also is (``classify_contention``).
-CORROBORATED_RATIO = 0.8
 
 
 def _square(name: str, value: Any, n: int | None = None) -> np.ndarray:
@@ -261,20 +258,21 @@ def classify_contention(
     a cross-rack flow leaves through its rack's uplink and enters through another's, and
     traffic of other tasks leaving a rack is what a probe can pin on one uplink; with two
     racks, an uplink slowed equally both ways slows both racks' figures alike and is not
-    told apart. The pairwise flows decide, not the concurrent aggregates: a pairwise round
-    puts one or two job flows against the background traffic, a rack sending all at once
-    puts four or five, and TCP shares a link per flow, so the pairwise figures show the same
-    contention about twice as clearly (measured on the emulated scenarios: 0.05 to 0.14 vs
-    0.31 to 0.42 Gbit/s, against aggregates of 0.40 vs 0.89). The figure reported for a
+    told apart. Pairwise egress below ``slow_ratio`` of the others' is slow on its own. The
+    concurrent aggregates alone are not trusted: a rack that sends slowly all at once while
+    its pairwise flows run at its NICs' rate is held back by its own NICs or the CPU, not by
+    its uplink. The figure reported for a
     slow uplink is ``uplink_gbps_by_rack[r]`` when given (what the rack gets when all of it
     sends across at once, as ``dssync probe`` measures), else the pairwise figure. The
-    aggregate also decides a close call: an uplink whose pairwise egress is below
-    ``CORROBORATED_RATIO`` (0.8) of the others' is slow when its aggregate is below
-    ``slow_ratio`` of theirs. With two racks the other rack's pairwise egress is the
-    contended uplink's *ingress*, whose ACKs queue behind the background traffic: on the
-    emulated ``inter-rack`` scenario it measured 0.19 to 0.30 Gbit/s against the contended
-    direction's 0.13 to 0.15 (ratios 0.48 to 0.68, either side of 0.6), while the aggregates
-    read 0.23 against 0.90. With
+    aggregate also decides when the rack's pairwise egress is held back, below ``slow_ratio``
+    of its own members' NIC estimates (the rack's NICs carry more than its cross-rack flows
+    got): then the rack is slow when its aggregate is below ``slow_ratio`` of the others'.
+    With two racks the other rack's pairwise egress is the contended uplink's *ingress*, and
+    a single flow in it is held back too, by its ACKs queueing behind the background traffic
+    and its window growing over the longer round trip: on the emulated ``inter-rack``
+    scenario, pairwise egress measured 0.11 against the other rack's 0.18 Gbit/s (ratios
+    0.5 to 0.8 run to run), both far below the NICs' 0.95, while the aggregates, four flows
+    at once, read 0.11 to 0.33 against 0.56 to 0.90. With
     ``hosts``, a rack that shares a host with another rack is not judged (its cross-rack
     flows need not leave the machine).
     """
@@ -324,11 +322,14 @@ def classify_contention(
         uplink = {r: v for r, v in uplink.items() if r not in shared}
     slow_uplinks = slow_keys(uplink, slow_ratio) if len(uplink) > 1 else []
     if uplink_gbps_by_rack is not None and len(uplink) > 1:
-        # Both signals half-way: pairwise egress below CORROBORATED_RATIO of the others and
-        # the rack's concurrent aggregate below slow_ratio of theirs.
-        leaning = set(slow_keys(uplink, CORROBORATED_RATIO))
+        # The aggregate decides when the rack's pairwise egress is itself held back: below
+        # slow_ratio of what the rack's own NICs carry (so neither its NICs nor the CPU are
+        # what slows the rack when it sends all at once).
+        nic_level = {r: float(np.median([nic_gbps[i] for i in members[r] if i in clear and i in nic_gbps]
+                                        or [np.nan])) for r in uplink}
+        held_back = {r for r in uplink if uplink[r] < slow_ratio * nic_level[r]}
         aggregate = {r: float(uplink_gbps_by_rack[r]) for r in uplink}
-        slow_uplinks = sorted(set(slow_uplinks) | (leaning & set(slow_keys(aggregate, slow_ratio))))
+        slow_uplinks = sorted(set(slow_uplinks) | (held_back & set(slow_keys(aggregate, slow_ratio))))
     report = ({r: float(uplink_gbps_by_rack[r]) for r in rack_ids} if uplink_gbps_by_rack is not None
               else uplink)
     return {

@@ -136,21 +136,28 @@ def test_pairwise_flows_decide_and_the_concurrent_aggregate_is_reported():
     result = classify_contention(bw, racks, [1.0, 0.35, 0.95])
     assert result == {"uplinks": [{"rack": 1, "bandwidth_gbps": 0.35}], "nics": []}
     # Aggregates alone flag nothing: a rack that sends slowly all at once but whose pairwise
-    # flows are clear is held back by its own NICs or the CPU, not by its uplink.
-    _, clean = matrices(racks, noise=0.1, seed=8)
+    # flows run at its NICs' rate is held back by its own NICs or the CPU, not by its uplink.
+    _, clean = matrices(racks, inter_gbps=1.0, noise=0.1, seed=8)
     assert classify_contention(clean, racks, [1.0, 0.35, 0.95])["uplinks"] == []
+    # Pairwise flows held back everywhere (oversubscribed uplinks) cannot tell the racks
+    # apart; then the aggregate does.
+    _, oversubscribed = matrices(racks, noise=0.1, seed=8)
+    assert [u["rack"] for u in classify_contention(oversubscribed, racks, [1.0, 0.35, 0.95])["uplinks"]] == [1]
 
 
 def test_a_close_pairwise_call_is_decided_by_the_aggregate():
     racks = layout([4, 4])
     _, bw = matrices(racks, noise=0.0, seed=12)
     bw[:4, 4:] *= 0.15  # leaving rack 0: contended
-    bw[4:, :4] *= 0.22  # entering rack 0: its ACKs queue behind the same traffic
-    assert classify_contention(bw, racks)["uplinks"] == []  # 0.68: not below 0.6 alone
-    result = classify_contention(bw, racks, [0.23, 0.90])
-    assert [u["rack"] for u in result["uplinks"]] == [0]
+    bw[4:, :4] *= 0.17  # entering rack 0: single flows held back by ACKs behind the same traffic
+    assert classify_contention(bw, racks)["uplinks"] == []  # 0.88: pairwise alone cannot tell
+    result = classify_contention(bw, racks, [0.29, 0.90])
+    assert result["uplinks"] == [{"rack": 0, "bandwidth_gbps": 0.29}]
     # A clear aggregate leaves the close call alone.
     assert classify_contention(bw, racks, [0.85, 0.90])["uplinks"] == []
+    # A slow aggregate with pairwise flows at the NICs' rate is the rack's own NICs or CPU.
+    _, clean = matrices(racks, inter_gbps=1.0, noise=0.1, seed=13)
+    assert classify_contention(clean, racks, [0.29, 0.90])["uplinks"] == []
 
 
 def test_a_slow_uplink_is_flagged_from_pairwise_egress():
