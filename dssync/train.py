@@ -149,6 +149,7 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
         "comm_ms_by_schedule": per_schedule,
         "curve": curve,
         "comm_ms_samples": per_iter,
+        "comm_ms_by_rank": [[round(1e3 * x, 3) for x in mine] for mine in samples],
         "config": {k: v for k, v in asdict(cfg).items()
                    if k not in ("topology", "schedule", "progress")},
     }

@@ -33,6 +33,18 @@ def test_target_is_allreduces_lowest_best_and_times_are_medians_over_repeats():
     assert rows["allreduce"]["time_to_target_s"] == pytest.approx(11.0)
     # asp reaches 0.90 only in repeat 1: no time to target.
     assert rows["asp"]["time_to_target_s"] is None and rows["asp"]["iterations_to_target"] is None
+    assert rows["asp"]["rank_comm_ms_per_iter"] is None  # no per-rank samples recorded
+
+
+def test_per_rank_comm_is_each_ranks_mean_after_warm_up_averaged_over_ranks():
+    # 20 steps: the first 2 are warm-up. Rank 0 waits 50 ms every other iteration (its
+    # group-mate lags), rank 1 every other one in between: each iteration's maximum is 50,
+    # but each rank spends 25 ms per iteration on average.
+    by_rank = [[999.0, 999.0] + [50.0, 0.0] * 9, [999.0, 999.0] + [0.0, 50.0] * 9]
+    rec = dict(RECORDS[2], comm_ms_by_rank=by_rank)
+    rows = {r["strategy"]: r for r in summarize([rec, dict(rec, repeat=1)])}
+    assert rows["ds-sync"]["rank_comm_ms_per_iter"] == pytest.approx(25.0)
+    assert "| inter-rack | ds-sync | 40.0 | n/a | 25.0 |" in markdown_table(list(rows.values()))
 
 
 def test_scenarios_are_summarized_apart_and_the_table_shows_every_row():
