@@ -23,6 +23,7 @@ from typing import Any
 from dssync.bench.overlap import train_on_cluster
 from dssync.errors import DssyncError
 from dssync.launch import emulate
+from dssync.train import comm_warmup
 
 __all__ = ["compare", "markdown_table", "plot", "summarize"]
 
@@ -82,7 +83,7 @@ def rank_comm_ms(record: dict[str, Any]) -> float | None:
     by_rank = record.get("comm_ms_by_rank")
     if not by_rank:
         return None
-    warmup = min(10, record["steps"] // 10)
+    warmup = comm_warmup(record["steps"])
     return statistics.fmean(statistics.fmean(mine[warmup:] or mine) for mine in by_rank)
 
 
@@ -99,13 +100,13 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         for strategy in dict.fromkeys(r["strategy"] for r in runs):
             mine = [r for r in runs if r["strategy"] == strategy]
             reached = [_time_to(r["curve"], target) for r in mine] if target is not None else []
+            per_rank = [rank_comm_ms(r) for r in mine]
             times = [t for t, _ in reached if t is not None]
             iters = [i for _, i in reached if i is not None]
             rows.append({
                 "scenario": scenario, "strategy": strategy, "repeats": len(mine),
                 "comm_ms_per_iter": statistics.median(r["comm_ms_per_iter"] for r in mine),
-                "rank_comm_ms_per_iter": (statistics.median(rank) if None not in
-                                          (rank := [rank_comm_ms(r) for r in mine]) else None),
+                "rank_comm_ms_per_iter": statistics.median(per_rank) if None not in per_rank else None,
                 "wall_s": statistics.median(r["wall_s"] for r in mine),
                 "best_accuracy": statistics.median(r["best_accuracy"] for r in mine),
                 "target_accuracy": target,

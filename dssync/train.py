@@ -69,6 +69,11 @@ class TrainConfig:
             raise ValueError(f"model size must be positive, got {self.model_mb} MB")
 
 
+def comm_warmup(steps: int) -> int:
+    """Iterations left out of the comm figures at the start of a run of ``steps``."""
+    return min(10, steps // 10)
+
+
 def summarize_comm(samples_by_rank: list[list[float]], *, warmup: int) -> tuple[float, list[float]]:
     """Median over iterations after ``warmup`` of the per-iteration maximum over ranks (ms)."""
     per_iter = [max(s) * 1e3 for s in zip(*samples_by_rank, strict=True)]
@@ -126,7 +131,7 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
     samples = comm.allgather_object(strategy.comm_s)
     if rank != 0:
         return None
-    comm_ms, per_iter = summarize_comm(samples, warmup=min(10, cfg.steps // 10))
+    comm_ms, per_iter = summarize_comm(samples, warmup=comm_warmup(cfg.steps))
     changes = strategy.schedule_changes()
     # Comm time under each schedule the run followed: the median of the per-iteration
     # maxima over the iterations it was in force (the first few after a switch included).
