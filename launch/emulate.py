@@ -80,6 +80,13 @@ GSO_MAX_BYTES = 16384
 #: which a probe can attribute to that rack's uplink; both ways would also double the CPU
 #: that two cores spend on background traffic.
 FLOW_STREAMS = 8
+#: Minimum TCP retransmission timeout of every emulated host, set on its route (``ip route
+#: ... rto_min``). Linux's default, 200 ms, is a wide-area value: at this fabric's
+#: sub-millisecond round trips one lost tail segment stalls a collective for 40 times its
+#: transfer (the incast problem), which is why clusters that run collectives lower it.
+#: With 200 ms, a 100-step allreduce on ``inter-rack`` measured 255-547 ms/iter over five
+#: runs, mostly from timeouts (about 30 per 100 iterations); see bench/README.md.
+RTO_MIN_MS = 5
 
 
 class EmulationError(DssyncError):
@@ -283,6 +290,8 @@ def _attach(c: Cluster, ns: str, fabric_dev: str, bridge: str, addr: str) -> Non
     _ip(c.fabric, "link", "set", fabric_dev, "master", bridge, "up")
     _ip(ns, "addr", "add", f"{addr}/16", "dev", "eth0")
     _ip(ns, "link", "set", "eth0", "gso_max_size", str(GSO_MAX_BYTES), "up")
+    _ip(ns, "route", "replace", f"{SUBNET}.0.0/16", "dev", "eth0", "proto", "kernel", "scope", "link",
+        "src", addr, "rto_min", f"{RTO_MIN_MS}ms")
     # A connection idle for one retransmission timeout restarts from the initial window
     # (Linux's default), so a group that meets every few iterations would enter a contended
     # link at 10 packets against established streams. Clusters that run collectives turn it

@@ -53,6 +53,19 @@ def test_nics_and_uplinks_are_shaped_and_contention_is_real(name):
         assert 150 < iperf_mbps(c, 1, 0) < 215
 
 
+def test_every_host_has_the_clusters_tcp_settings(name):
+    with emulate.cluster([1, 1], name=name) as c:
+        hosts = [c.worker_ns(0), c.worker_ns(1), c.bg_ns(0), c.bg_ns(1), c.sink_ns]
+        for ns in hosts:
+            route = subprocess.run(["ip", "-n", ns, "route", "show", "dev", "eth0"], capture_output=True,
+                                   text=True, check=True).stdout
+            assert f"rto_min lock {emulate.RTO_MIN_MS}ms" in route, (ns, route)
+            assert len(route.strip().splitlines()) == 1, (ns, route)  # replaced, not added beside
+            idle = subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-n", "net.ipv4.tcp_slow_start_after_idle"],
+                                  capture_output=True, text=True, check=True).stdout
+            assert idle.strip() == "0", ns
+
+
 def test_up_twice_is_an_error_and_leaves_the_first_intact(name):
     with emulate.cluster([1, 1], name=name) as c:
         with pytest.raises(emulate.EmulationError, match="already up"):
