@@ -34,7 +34,7 @@ from dssync.bench.overlap import train_on_cluster
 from dssync.bench.simulate import Network, iteration_times, with_contention
 from dssync.launch import emulate
 
-__all__ = ["network_of", "simcheck", "markdown_table"]
+__all__ = ["network_of", "scaled_rates", "simcheck", "markdown_table"]
 
 
 def host_throughput(*, name: str = "simhost", seconds: int = 3) -> dict[str, Any]:
@@ -75,9 +75,19 @@ def host_throughput(*, name: str = "simhost", seconds: int = 3) -> dict[str, Any
             if limited else float("inf"), "nic_bps": nic_bps}
 
 
-def network_of(scenario: str, *, alpha_s: float, host_bps: float = float("inf")) -> Network:
-    """The simulator's model of an emulated scenario: rates, racks, background streams."""
+def scaled_rates(scenario: str, rate_scale: float = 1.0) -> tuple[int, int]:
+    """The scenario's NIC and uplink rates in bits/s, times ``rate_scale``."""
+    if not rate_scale > 0:
+        raise ValueError(f"rate_scale must be positive, got {rate_scale}")
     spec = emulate.SCENARIOS[scenario]
+    return (round(emulate.parse_rate(spec["nic"]) * rate_scale), round(emulate.parse_rate(spec["uplink"]) * rate_scale))
+
+
+def network_of(scenario: str, *, alpha_s: float, host_bps: float = float("inf"), rate_scale: float = 1.0) -> Network:
+    """The simulator's model of an emulated scenario: rates (times ``rate_scale``), racks,
+    background streams."""
+    spec = emulate.SCENARIOS[scenario]
+    nic, uplink = scaled_rates(scenario, rate_scale)
     uplink_bg: dict[int, int] = {}
     nic_bg: dict[int, int] = {}
     for kind, index in spec["flows"]:
@@ -85,8 +95,7 @@ def network_of(scenario: str, *, alpha_s: float, host_bps: float = float("inf"))
             uplink_bg[index] = uplink_bg.get(index, 0) + emulate.FLOW_STREAMS
         else:
             nic_bg[index] = nic_bg.get(index, 0) + emulate.FLOW_STREAMS
-    return Network(tuple(spec["rack_sizes"]), nic_bps=emulate.parse_rate(spec["nic"]) / 8,
-                   uplink_bps=emulate.parse_rate(spec["uplink"]) / 8, alpha_s=alpha_s,
+    return Network(tuple(spec["rack_sizes"]), nic_bps=nic / 8, uplink_bps=uplink / 8, alpha_s=alpha_s,
                    uplink_out_streams=uplink_bg, nic_out_streams=nic_bg, host_bps=host_bps)
 
 
@@ -98,13 +107,16 @@ def _model_bytes(model_mb: float) -> int:
 
 
 def simcheck(scenarios: Sequence[str], strategies: Sequence[str], *, model_mb: float = 4.0, steps: int = 40,
-             warmup: int = 5, alpha_s: float = 50e-6, host_bps: float | None = None, name: str = "simchk",
-             timeout_s: float = 900.0,
+             warmup: int = 5, alpha_s: float = 50e-6, host_bps: float | None = None, rate_scale: float = 1.0,
+             name: str = "simchk", timeout_s: float = 900.0,
              progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """One row per (scenario, strategy): measured and predicted comm ms/iter and their ratio.
 
     ``host_bps`` is the machine's veth-bytes per second (``Network.host_bps``); ``None``
-    measures it first with ``host_throughput()``, on its own cluster, before any strategy runs."""
+    measures it first with ``host_throughput()``, on its own cluster, before any strategy runs.
+    ``rate_scale`` multiplies every NIC and uplink rate of the scenarios, on the emulated
+    cluster and in the model alike: below 1 the links, not the two cores, bound a step (DESIGN
+    section 7 asks communication benchmarks for that regime)."""
     unknown = [s for s in scenarios if s not in emulate.SCENARIOS]
     if unknown:
         raise ValueError(f"unknown scenario {unknown[0]!r}; choose from {', '.join(emulate.SCENARIOS)}")
@@ -116,8 +128,9 @@ def simcheck(scenarios: Sequence[str], strategies: Sequence[str], *, model_mb: f
     rows = []
     for scenario in scenarios:
         spec = emulate.SCENARIOS[scenario]
-        net = network_of(scenario, alpha_s=alpha_s, host_bps=host_bps)
-        with emulate.cluster(spec["rack_sizes"], nic=spec["nic"], uplink=spec["uplink"], name=name), \
+        net = network_of(scenario, alpha_s=alpha_s, host_bps=host_bps, rate_scale=rate_scale)
+        nic, uplink = (emulate.format_rate(r) for r in scaled_rates(scenario, rate_scale))
+        with emulate.cluster(spec["rack_sizes"], nic=nic, uplink=uplink, name=name), \
                 tempfile.TemporaryDirectory() as tmp:
             topo = Path(tmp) / "topology.json"
             topo.write_text(json.dumps(with_contention(net).to_dict()))
@@ -134,7 +147,8 @@ def simcheck(scenarios: Sequence[str], strategies: Sequence[str], *, model_mb: f
                 predicted = 1e3 * float(statistics.median(iteration_times(net, strategy, size, steps)[warmup:]))
                 row = {"scenario": scenario, "strategy": strategy, "model_bytes": size, "steps": steps,
                        "measured_ms": measured, "predicted_ms": predicted, "ratio": predicted / measured,
-                       "host_bps": host_bps if math.isfinite(host_bps) else None,
+                       "host_bps": host_bps if math.isfinite(host_bps) else None, "rate_scale": rate_scale,
+                       "nic": nic, "uplink": uplink,
                        "comm_ms_samples": rec["comm_ms_samples"]}
                 rows.append(row)
                 if progress is not None:

@@ -64,6 +64,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     k.add_argument("--host-gbytes", type=float, default=None, metavar="GB/S",
                    help="the machine's veth-bytes per second for the simulator (default: measure it with "
                    "iperf3, one flow out of every worker at once; 0: no cap)")
+    k.add_argument("--rate-scale", type=float, default=1.0, metavar="F",
+                   help="multiply every NIC and uplink rate of the scenarios by F, on the emulated cluster "
+                   "and in the model (below 1: the links rather than the machine's cores bound a step)")
     k.add_argument("--json", metavar="OUT")
     k.add_argument("--markdown", metavar="OUT")
     k.set_defaults(run=run_simcheck)
@@ -272,7 +275,7 @@ def run_simcheck(args: argparse.Namespace) -> int:
     scenarios = [s.strip() for s in args.scenario.split(",") if s.strip()]
     console = Console(stderr=True)
     rows = simcheck(scenarios, strategies, model_mb=args.model_mb, steps=args.steps, warmup=args.warmup,
-                    alpha_s=args.alpha_us * 1e-6,
+                    alpha_s=args.alpha_us * 1e-6, rate_scale=args.rate_scale,
                     host_bps=None if args.host_gbytes is None else (args.host_gbytes * 1e9 or float("inf")),
                     progress=lambda r: console.print(
                         f"{r['scenario']} {r['strategy']}: measured {r['measured_ms']:.1f} ms/iter, "

@@ -63,6 +63,11 @@ def test_the_simulator_models_each_emulated_scenario_with_its_background_streams
     assert (inter.rack_sizes, inter.uplink_out_streams, inter.nic_out_streams) == ((4, 4), {0: FLOW_STREAMS}, {})
     assert (nic.rack_sizes, nic.uplink_out_streams, nic.nic_out_streams) == ((5, 3), {}, {4: FLOW_STREAMS})
     assert static.nic_bps == static.uplink_bps == 125e6
+    quarter = network_of("inter-rack", alpha_s=ALPHA, rate_scale=0.25)
+    assert quarter.nic_bps == quarter.uplink_bps == 125e6 / 4
+    assert quarter.uplink_out_streams == inter.uplink_out_streams
+    with pytest.raises(ValueError, match="rate_scale must be positive"):
+        network_of("static", alpha_s=ALPHA, rate_scale=0)
     row = {"scenario": "static", "strategy": "gossip", "measured_ms": 10.0, "predicted_ms": 8.0, "ratio": 0.8}
     assert markdown_table([row]).splitlines()[-1] == "| static | gossip | 10.0 | 8.0 | 0.80 |"
 
