@@ -34,7 +34,7 @@ from dssync.bench.overlap import train_on_cluster
 from dssync.bench.simulate import Network, iteration_times, with_contention
 from dssync.launch import emulate
 
-__all__ = ["network_of", "scaled_rates", "simcheck", "markdown_table"]
+__all__ = ["network_of", "simcheck", "markdown_table"]
 
 
 def host_throughput(*, name: str = "simhost", seconds: int = 3) -> dict[str, Any]:
@@ -75,19 +75,12 @@ def host_throughput(*, name: str = "simhost", seconds: int = 3) -> dict[str, Any
             if limited else float("inf"), "nic_bps": nic_bps}
 
 
-def scaled_rates(scenario: str, rate_scale: float = 1.0) -> tuple[int, int]:
-    """The scenario's NIC and uplink rates in bits/s, times ``rate_scale``."""
-    if not rate_scale > 0:
-        raise ValueError(f"rate_scale must be positive, got {rate_scale}")
-    spec = emulate.SCENARIOS[scenario]
-    return (round(emulate.parse_rate(spec["nic"]) * rate_scale), round(emulate.parse_rate(spec["uplink"]) * rate_scale))
-
-
 def network_of(scenario: str, *, alpha_s: float, host_bps: float = float("inf"), rate_scale: float = 1.0) -> Network:
     """The simulator's model of an emulated scenario: rates (times ``rate_scale``), racks,
     background streams."""
+    if not rate_scale > 0:
+        raise ValueError(f"rate_scale must be positive, got {rate_scale}")
     spec = emulate.SCENARIOS[scenario]
-    nic, uplink = scaled_rates(scenario, rate_scale)
     uplink_bg: dict[int, int] = {}
     nic_bg: dict[int, int] = {}
     for kind, index in spec["flows"]:
@@ -95,7 +88,8 @@ def network_of(scenario: str, *, alpha_s: float, host_bps: float = float("inf"),
             uplink_bg[index] = uplink_bg.get(index, 0) + emulate.FLOW_STREAMS
         else:
             nic_bg[index] = nic_bg.get(index, 0) + emulate.FLOW_STREAMS
-    return Network(tuple(spec["rack_sizes"]), nic_bps=nic / 8, uplink_bps=uplink / 8, alpha_s=alpha_s,
+    return Network(tuple(spec["rack_sizes"]), nic_bps=emulate.parse_rate(spec["nic"]) * rate_scale / 8,
+                   uplink_bps=emulate.parse_rate(spec["uplink"]) * rate_scale / 8, alpha_s=alpha_s,
                    uplink_out_streams=uplink_bg, nic_out_streams=nic_bg, host_bps=host_bps)
 
 
@@ -129,7 +123,7 @@ def simcheck(scenarios: Sequence[str], strategies: Sequence[str], *, model_mb: f
     for scenario in scenarios:
         spec = emulate.SCENARIOS[scenario]
         net = network_of(scenario, alpha_s=alpha_s, host_bps=host_bps, rate_scale=rate_scale)
-        nic, uplink = (emulate.format_rate(r) for r in scaled_rates(scenario, rate_scale))
+        nic, uplink = (emulate.format_rate(round(8 * bps)) for bps in (net.nic_bps, net.uplink_bps))
         with emulate.cluster(spec["rack_sizes"], nic=nic, uplink=uplink, name=name), \
                 tempfile.TemporaryDirectory() as tmp:
             topo = Path(tmp) / "topology.json"
