@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -11,9 +12,24 @@ from dssync import __version__
 from dssync.commands import bench, demo, emulate, plan, probe, simulate, train
 from dssync.errors import DssyncError
 
-__all__ = ["main"]
+__all__ = ["Terminated", "main", "raise_on_sigterm"]
 
 _COMMANDS = (demo, train, plan, bench, emulate, probe, simulate)
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (``timeout``, a batch scheduler, ``kill``): raised where the program
+    is, so ``finally`` blocks and context managers run, and an emulated cluster comes down."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def raise_on_sigterm() -> None:
+    """Turn SIGTERM into ``Terminated`` in this (main) thread. Python's default is to die
+    at once, which leaves namespaces, qdiscs and background flows behind."""
+    signal.signal(signal.SIGTERM, _terminated)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    raise_on_sigterm()
     try:
         return int(args.run(args) or 0)
     except (DssyncError, ValueError, OSError) as exc:
@@ -40,6 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"dssync {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"dssync {args.command}: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
 
 
 if __name__ == "__main__":

@@ -136,3 +136,31 @@ def test_parse_flow(text, flow):
 def test_bad_flows(text):
     with pytest.raises(ValueError, match="cannot read flow"):
         emulate.parse_flow(text)
+
+
+def test_sigterm_brings_the_cluster_down(name):
+    """`timeout` and batch schedulers stop a benchmark with SIGTERM; the cluster must go too."""
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import time\n"
+        "from dssync.cli import raise_on_sigterm, Terminated\n"
+        "from dssync.launch import emulate\n"
+        "raise_on_sigterm()\n"
+        "try:\n"
+        f"    with emulate.cluster([2, 1], name={name!r}):\n"
+        "        emulate.contend(name=" + repr(name) + ", flows=[('rack', 0)])\n"
+        "        print('up', flush=True)\n"
+        "        time.sleep(120)\n"
+        "except Terminated:\n"
+        "    raise SystemExit(143)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "up"
+        assert emulate.leftovers(name)  # the cluster is there while the child runs
+        child.terminate()
+        assert child.wait(timeout=60) == 143
+    finally:
+        child.kill()
+    assert emulate.leftovers(name) == []
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert f"{name}-" not in ps
