@@ -136,3 +136,30 @@ def ps_with_a_silent_worker(comm, numel: int):
     else:
         time.sleep(6.0)
     return None
+
+
+def nccl_smoke(comm):
+    """CUDA and CPU collectives in one ``cpu:gloo,cuda:nccl`` world, then ds-sync on a
+    CUDA model; everything a GPU job's ranks do, compared by the parent."""
+    import torch.distributed as dist
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    on_gpu = torch.full((4,), float(comm.rank + 1), device=device)
+    comm.allreduce_async_(on_gpu, average=True).wait()
+    on_cpu = torch.full((4,), 10.0 * (comm.rank + 1))
+    comm.allreduce_async_(on_cpu, average=True).wait()
+    bcast = torch.full((3,), 7.0 if comm.rank == 0 else 0.0, device=device)
+    comm.broadcast_(bcast, src=0)
+    gathered = comm.allgather_object(comm.rank)
+    comm.barrier()
+    model = nn.Linear(5, 3).to(device)
+    strategy = DSSyncStrategy(StrategyContext(
+        comm=comm, model=model, topology=Topology.from_rack_sizes([comm.world_size])))
+    strategy.setup()
+    for step in range(3):
+        strategy.average(step)
+    torch.cuda.synchronize()
+    return {"backend": str(dist.get_backend()), "device": str(device),
+            "cuda_avg": on_gpu.cpu().tolist(), "cpu_avg": on_cpu.tolist(),
+            "cuda_bcast": bcast.cpu().tolist(), "gathered": gathered,
+            "ds_sync_params_on": str(next(model.parameters()).device)}
