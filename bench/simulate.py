@@ -7,7 +7,9 @@ a link's bytes per second):
   and an inter-rack per-byte delay;
 - ``simulate``: an iteration-level simulation on a concrete topology. Every collective is
   decomposed into the steps its algorithm takes (ring allreduce: ``2(n-1)`` steps of
-  ``S/n`` bytes per member; a pairwise swap: one step of ``S`` each way; the parameter
+  ``S/n`` bytes per member; hierarchical's reduce and broadcast: gloo's algorithms, a ring
+  reduce-scatter plus a gather into the root, and a binomial tree of whole-buffer sends;
+  a pairwise swap: one step of ``S`` each way; the parameter
   server: every worker sends and receives ``S/N`` to and from every shard). In a step, all
   flows of all groups that run at once share the links they cross: a worker's NIC (each
   direction) and its rack's uplink (each direction). A link of capacity ``B`` carrying ``f``
@@ -138,6 +140,45 @@ def _per_flow_times(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.n
     return nbytes / rate
 
 
+def _reduce_time(net: Network, groups: Sequence[Sequence[int]], size_bytes: float) -> float:
+    """Every group reduces ``size_bytes`` to its first rank at once, as gloo's ``reduce``
+    does it: a ring reduce-scatter (half an allreduce's steps), then every other member
+    sends its ``1/n`` share to the root at once, which receives them all through its NIC."""
+    groups = [list(g) for g in groups if len(g) > 1]
+    if not groups:
+        return 0.0
+    scatter = _ring_round(net, groups, size_bytes) / 2
+    src = np.array([r for g in groups for r in g[1:]])
+    dst = np.array([g[0] for g in groups for _ in g[1:]])
+    shares = np.array([size_bytes / len(g) for g in groups for _ in g[1:]])
+    return scatter + _step_time(net, src, dst, shares)
+
+
+def _broadcast_time(net: Network, groups: Sequence[Sequence[int]], size_bytes: float) -> float:
+    """Every group broadcasts ``size_bytes`` from its first rank at once, as gloo's
+    ``broadcast`` does it: a binomial tree of whole-buffer sends in which a rank, once it
+    holds the data, posts all its sends together (the root all ``ceil(log2 n)`` of them),
+    so they share its NIC. Level by level: the ranks that received in the last level send."""
+    total, holders = 0.0, [[0] for _ in groups]  # per group: virtual ranks that just received
+    while any(holders):
+        src, dst, nxt = [], [], []
+        for g, fresh in zip(groups, holders, strict=True):
+            n, dim = len(g), max(1, (len(g) - 1).bit_length())
+            got = []
+            for v in fresh:
+                low = v.bit_length()  # a rank sends along the bits above the one it received on
+                for i in range(low, dim):
+                    if v + (1 << i) < n:
+                        src.append(g[v])
+                        dst.append(g[v + (1 << i)])
+                        got.append(v + (1 << i))
+            nxt.append(got)
+        if src:
+            total += _step_time(net, np.array(src), np.array(dst), np.full(len(src), size_bytes))
+        holders = nxt
+    return total
+
+
 def iteration_times(net: Network, strategy: str, size_bytes: float, iterations: int) -> np.ndarray:
     """Communication seconds of each of ``iterations`` iterations of ``strategy``."""
     n = net.world_size
@@ -147,9 +188,9 @@ def iteration_times(net: Network, strategy: str, size_bytes: float, iterations: 
         return np.full(iterations, _ring_round(net, [list(range(n))], size_bytes))
     if strategy == "hierarchical":
         leaders = [r[0] for r in racks]
-        intra = _ring_round(net, racks, size_bytes) / 2  # reduce: half an allreduce's steps
         inter = _ring_round(net, [leaders], size_bytes)
-        return np.full(iterations, 2 * intra + inter)  # reduce, leaders' allreduce, broadcast
+        return np.full(iterations, _reduce_time(net, racks, size_bytes) + inter
+                       + _broadcast_time(net, racks, size_bytes))
     if strategy == "gossip":
         dims = max(1, (n - 1).bit_length())
         per_dim = []

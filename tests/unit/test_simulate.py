@@ -87,3 +87,17 @@ def test_the_hosting_machine_caps_a_step_by_the_veth_bytes_it_moves():
     # Uncapped (a real cluster) nothing changes.
     assert iteration_times(Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=ALPHA), "allreduce", S, 1)[0] == \
         pytest.approx(2 * 7 * (ALPHA + S / 8 / B))
+
+
+def test_hierarchical_follows_gloos_reduce_and_broadcast():
+    """gloo's reduce: ring reduce-scatter, then n - 1 shares into the root's NIC; its
+    broadcast: a binomial tree whose root posts all its whole-buffer sends at once."""
+    net = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=0.0)
+    t = S / B
+    # reduce 1.5 t (0.75 scatter + 3 quarters into the root), leaders' pair 1 t,
+    # broadcast 3 t (root -> 1 and 2 sharing its NIC: 2 t; then 1 -> 3: t).
+    assert iteration_times(net, "hierarchical", S, 1)[0] == pytest.approx(5.5 * t)
+    # Five ranks (dim 3): the root's three sends share its NIC (3 t), then 1 -> 3 (t).
+    five = Network((5, 3), nic_bps=B, uplink_bps=B, alpha_s=0.0)
+    reduce5 = 4 / 5 * t + 4 / 5 * t  # scatter (n-1)/n, gather (n-1)/n into the root
+    assert iteration_times(five, "hierarchical", S, 1)[0] == pytest.approx(reduce5 + t + 4 * t)
