@@ -149,7 +149,7 @@ def test_sigterm_brings_the_cluster_down(name):
         "raise_on_sigterm()\n"
         "try:\n"
         f"    with emulate.cluster([2, 1], name={name!r}):\n"
-        "        emulate.contend(name=" + repr(name) + ", flows=[('rack', 0)])\n"
+        f"        emulate.contend(name={name!r}, flows=[('rack', 0)])\n"
         "        print('up', flush=True)\n"
         "        time.sleep(120)\n"
         "except Terminated:\n"
