@@ -163,7 +163,7 @@ def _broadcast_time(net: Network, groups: Sequence[Sequence[int]], size_bytes: f
     while any(holders):
         src, dst, nxt = [], [], []
         for g, fresh in zip(groups, holders, strict=True):
-            n, dim = len(g), max(1, (len(g) - 1).bit_length())
+            n, dim = len(g), (len(g) - 1).bit_length()
             got = []
             for v in fresh:
                 low = v.bit_length()  # a rank sends along the bits above the one it received on
