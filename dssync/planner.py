@@ -18,7 +18,8 @@ from dssync.errors import ScheduleError
 from dssync.schedule import Partition, Schedule
 from dssync.topology import Topology
 
-__all__ = ["adjusted_plan", "check_adjusted", "check_static", "plan", "predict_round_ms", "static_plan"]
+__all__ = ["adjusted_plan", "check_adjusted", "check_paced", "check_static", "paced", "plan", "predict_round_ms",
+           "static_plan"]
 
 #: Longest period for which racks of unequal size rotate in their exact least common
 #: multiple; beyond it (say racks of 7, 8, 9 and 11 ranks: lcm 5544) the plan uses a
@@ -72,13 +73,65 @@ def static_plan(
 
 
 def plan(topology: Topology, *, max_period: int = DEFAULT_MAX_PERIOD,
-         message_bytes: int | None = None) -> Schedule:
-    """``adjusted_plan`` for the contention the topology records, ``static_plan`` without any."""
+         message_bytes: int | None = None, pace: int = 1) -> Schedule:
+    """``adjusted_plan`` for the contention the topology records, ``static_plan`` without any;
+    with ``pace`` > 1, ``paced`` by it."""
+    if pace < 1:
+        raise ScheduleError(f"pace must be 1 (every round) or more, got {pace}")
     uplinks, nics = contended(topology)
     if not uplinks and not nics:
-        return static_plan(topology, max_period=max_period, message_bytes=message_bytes)
-    return adjusted_plan(topology, slow_uplinks=uplinks, slow_nics=nics, max_period=max_period,
-                         message_bytes=message_bytes)
+        base = static_plan(topology, max_period=max_period, message_bytes=message_bytes)
+    else:
+        base = adjusted_plan(topology, slow_uplinks=uplinks, slow_nics=nics, max_period=max_period,
+                             message_bytes=message_bytes)
+    return paced(base, topology, pace, message_bytes=message_bytes) if pace > 1 else base
+
+
+def paced(schedule: Schedule, topology: Topology, pace: int, *, message_bytes: int | None = None) -> Schedule:
+    """``schedule`` with its racks exchanging only every ``pace``-th round (dssync's extension).
+
+    Each round of ``schedule`` is followed by ``pace - 1`` *rack-local* copies of it: every
+    group that crosses racks is dissolved and its members join their own rack's largest
+    group in that round (or stay alone when the rack has none), while intra-rack groups,
+    slow-NIC pairs included, stay as they are. So the period is ``pace`` times longer, holds
+    every round of ``schedule`` once, and still mixes.
+
+    Why: the paper keeps a contended uplink down to one flow per rack (Fig. 4, 5), but when
+    even that flow gets a fraction of the link (TCP's per-stream share against another job's
+    streams), the cross-rack group takes several times as long as the intra-rack ones and
+    every round waits for it: its members fall behind and their rack-mates wait for them next
+    round. Exchanging across racks every ``pace``-th round spreads that cost over ``pace``
+    rounds. On the emulated ``inter-rack`` scenario (mnist-wide, 8 ranks) a pace of 4 cut
+    ds-sync's wall time from 17-20 s to 11-12 s per 200 steps at the same accuracy
+    (bench/README.md). The price is slower mixing across racks; ``rho`` of the period says
+    how much. Pairs around a slow *NIC* are not paced: on the same cluster, a NIC pair that
+    ran every fourth round took twice as long each time (85 against 43 ms), because the job's
+    idle socket restarts against the other job's established streams on that host.
+    """
+    if pace < 1:
+        raise ScheduleError(f"pace must be 1 (every round) or more, got {pace}")
+    if pace == 1:
+        return schedule
+    period: list[Partition] = []
+    for partition in schedule.period:
+        period.append(partition)
+        period += [_rack_local(partition, topology)] * (pace - 1)
+    return _schedule(period, topology, message_bytes)
+
+
+def _rack_local(partition: Partition, topology: Topology) -> Partition:
+    """``partition`` with each cross-rack group's members moved into the largest group of
+    their own rack that holds no slow NIC (alone when there is none)."""
+    slow = set(contended(topology)[1])
+    local = [list(g) for g in partition if len({topology.rack_of(r) for r in g}) == 1]
+    loose = [r for g in partition if len({topology.rack_of(r) for r in g}) > 1 for r in g]
+    for r in loose:
+        homes = [g for g in local if topology.rack_of(g[0]) == topology.rack_of(r) and not slow & set(g)]
+        if homes:
+            max(homes, key=len).append(r)
+        else:
+            local.append([r])
+    return tuple(tuple(sorted(g)) for g in local)
 
 
 def contended(topology: Topology) -> tuple[list[int], list[int]]:
@@ -237,6 +290,21 @@ def check_adjusted(schedule: Schedule, topology: Topology, *, slow_uplinks: Sequ
                 if crossing and topology.rack_of(r) in slow_uplinks and len(group) > 2:
                     raise ScheduleError(f"round {t}: rack {topology.rack_of(r)}'s uplink is slow but its "
                                         f"representative {r} is in {list(group)}, not a pair")
+
+
+def check_paced(schedule: Schedule, topology: Topology, pace: int) -> Schedule:
+    """Raise ``ScheduleError`` unless ``schedule`` is a plan ``paced`` by ``pace``: its length a
+    multiple of ``pace``, and no group crossing racks outside rounds ``0, pace, 2 pace, ...``.
+    Returns the plan of those rounds, for ``check_static`` or ``check_adjusted``."""
+    if pace < 1 or len(schedule.period) % pace:
+        raise ScheduleError(f"a plan paced by {pace} has a multiple of {pace} rounds; this one has "
+                            f"{len(schedule.period)}")
+    for t, partition in enumerate(schedule.period):
+        crossing = [list(g) for g in partition if len({topology.rack_of(r) for r in g}) > 1]
+        if t % pace and crossing:
+            raise ScheduleError(f"round {t}: groups {crossing} cross racks, but with pace {pace} racks "
+                                f"exchange only in rounds that are multiples of {pace}")
+    return Schedule(world_size=schedule.world_size, period=schedule.period[::pace])
 
 
 def _rotation(racks: list[list[int]], length: int, *, shifted: bool, block: int = 1) -> list[Partition]:

@@ -119,6 +119,8 @@ def test_probe_backends_rejects_bad_input_before_building_anything(args, needle)
     (["--strategy", "allreduce", "--overlap"], "--overlap applies to --strategy ds-sync only"),
     (["--strategy", "allreduce", "--adjust-every", "20"], "--adjust-every applies to --strategy ds-sync only"),
     (["--strategy", "ds-sync", "--adjust-every", "-1"], "adjust_every must be 0 (off) or positive"),
+    (["--strategy", "ds-sync", "--max-pace", "0"], "max_pace must be 1"),
+    (["--strategy", "allreduce", "--max-pace", "2"], "--max-pace applies to --strategy ds-sync only"),
     (["--strategy", "ds-sync", "--overlap", "--adjust-every", "20"], "overlap and adjust_every do not combine"),
     (["--strategy", "ds-sync", "--bucket-mb", "1"], "--bucket-mb applies to --overlap only"),
     (["--strategy", "ds-sync", "--overlap", "--bucket-mb", "-1"], "bucket_mb must be 0 (one allreduce per layer)"),
@@ -199,3 +201,16 @@ def test_simulate_rejects_bad_input(args, needle):
     proc = dssync("simulate", *args)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert needle in proc.stderr
+
+
+def test_plan_paces_the_racks_on_request(tmp_path):
+    topo = tmp_path / "topology.json"
+    Topology.from_rack_sizes([4, 4]).save(topo)
+    out = tmp_path / "schedule.json"
+    proc = dssync("plan", topo, "--out", out, "--pace", "4")
+    assert proc.returncode == 0, proc.stderr
+    assert "static, paced by 4" in proc.stdout and "period 16" in proc.stdout
+    crossing = [t for t, p in enumerate(Schedule.load(out).period) if any(len({r // 4 for r in g}) > 1 for g in p)]
+    assert crossing == [0, 4, 8, 12]
+    bad = dssync("plan", topo, "--out", out, "--pace", "0")
+    assert bad.returncode != 0 and "pace must be 1" in bad.stderr and "Traceback" not in bad.stderr

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from dssync.planner import DEFAULT_MAX_PERIOD, check_adjusted, check_static, contended, plan
+from dssync.planner import (
+    DEFAULT_MAX_PERIOD,
+    check_adjusted,
+    check_paced,
+    check_static,
+    contended,
+    plan,
+)
 from dssync.schedule import Schedule
 from dssync.topology import Topology
 
@@ -24,22 +31,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="longest exact rotation before a bounded one is used (default %(default)s)")
     p.add_argument("--message-mb", type=float, default=None,
                    help="model size; with measured bandwidth, fills in predicted_comm_ms")
+    p.add_argument("--pace", type=int, default=1, metavar="K",
+                   help="racks exchange every K-th round only, rack-local rounds between "
+                   "(dssync's extension for a cross-rack group much slower than the racks; default 1)")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     topology = Topology.load(args.topology)
     message_bytes = None if args.message_mb is None else int(args.message_mb * 1e6)
-    schedule = plan(topology, max_period=args.max_period, message_bytes=message_bytes)
+    schedule = plan(topology, max_period=args.max_period, message_bytes=message_bytes, pace=args.pace)
+    base = check_paced(schedule, topology, args.pace)
     uplinks, nics = contended(topology)
     if uplinks or nics:
-        check_adjusted(schedule, topology, slow_uplinks=uplinks, slow_nics=nics)
+        check_adjusted(base, topology, slow_uplinks=uplinks, slow_nics=nics)
     else:
-        check_static(schedule, topology)
+        check_static(base, topology)
     schedule.save(args.out)
     if args.show:
         print_schedule(schedule, topology)
     kind = f"adjusted for slow uplinks {uplinks} and NICs {nics}" if uplinks or nics else "static"
+    kind += f", paced by {args.pace}" if args.pace > 1 else ""
     print(f"wrote {args.out}: {topology.world_size} ranks, {topology.num_racks} racks, {kind}, "
           f"period {len(schedule.period)}, rho {schedule.rho:.4f}")
     return 0

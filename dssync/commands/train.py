@@ -42,6 +42,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--adjust-every", type=int, default=None, metavar="N",
                    help="ds-sync: sense contention from group timings every N iterations and regroup "
                    "(paper: 100; default off)")
+    p.add_argument("--max-pace", type=int, default=None, metavar="K",
+                   help="ds-sync --adjust-every: let racks exchange as rarely as every K-th round when "
+                   "the cross-rack group is the job's bottleneck (default 4; 1: every round, as in the paper)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds any collective may wait")
     p.add_argument("--json", metavar="OUT", help="write the run's record as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -67,6 +70,10 @@ def run(args: argparse.Namespace) -> int:
         if args.strategy != "ds-sync":
             raise ValueError("--adjust-every applies to --strategy ds-sync only")
         options["adjust_every"] = args.adjust_every
+    if args.max_pace is not None:
+        if args.strategy != "ds-sync":
+            raise ValueError("--max-pace applies to --strategy ds-sync only")
+        options["max_pace"] = args.max_pace
     topology = topology_from_args(args)
     cfg = TrainConfig(
         strategy=args.strategy, task=args.task, steps=args.steps, seed=args.seed,

@@ -38,7 +38,7 @@ from torch.optim.swa_utils import AveragedModel
 from dssync.errors import DssyncError, ScheduleError
 from dssync.flat import flatten_parameters
 from dssync.planner import contended, plan
-from dssync.regroup import Record, sense_contention
+from dssync.regroup import Record, cross_rack_pace, sense_contention
 from dssync.schedule import Schedule
 from dssync.strategy import StepsElsewhere, Strategy, StrategyContext, world_average
 from dssync.topology import Topology
@@ -73,6 +73,10 @@ class DSSyncStrategy(Strategy):
 
         adjust_every: int = 0
         """Regroup online every this many iterations from the group timings (0: never)."""
+        max_pace: int = 4
+        """Regrouping may let racks exchange as rarely as every this many rounds when the
+        cross-rack group is the job's bottleneck (``regroup.cross_rack_pace``,
+        ``planner.paced``; dssync's extension). 1: every round, as in the paper."""
         overlap: bool = False
         """Layer-wise overlapped averaging (paper section V-A.1) instead of after the step."""
         bucket_mb: float = 1.0
@@ -84,6 +88,8 @@ class DSSyncStrategy(Strategy):
                 raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
             if self.bucket_mb < 0:
                 raise ValueError(f"bucket_mb must be 0 (one allreduce per layer) or positive, got {self.bucket_mb}")
+            if self.max_pace < 1:
+                raise ValueError(f"max_pace must be 1 (racks exchange every round) or more, got {self.max_pace}")
             if self.adjust_every < 0:
                 raise ValueError(f"adjust_every must be 0 (off) or positive, got {self.adjust_every}")
             if self.overlap and self.adjust_every:
@@ -103,6 +109,7 @@ class DSSyncStrategy(Strategy):
         self.schedule: Schedule = schedule
         self._schedule_start = 0  # the iteration at which self.schedule's round 0 ran
         self._contention = contended(ctx.topology)
+        self._pace = 1
         self._records: list[Record] = []
         self._changes: list[dict[str, Any]] = [{"step": 0, "reason": "initial", "schedule": schedule.to_dict()}]
         self._flat = flatten_parameters(self.model)
@@ -251,11 +258,12 @@ class DSSyncStrategy(Strategy):
         if every and (step + 1) % every == 0:
             self.regroup(step + 1)
 
-    def _plan(self, topology: Topology) -> Schedule:
-        return plan(topology)
+    def _plan(self, topology: Topology, pace: int = 1) -> Schedule:
+        return plan(topology, pace=pace)
 
     def regroup(self, next_step: int) -> bool:
-        """Sense contention from the window's group timings; switch plans at ``next_step``.
+        """Sense contention and the pace from the window's group timings; switch plans at
+        ``next_step``.
 
         Collective. Every rank gathers every rank's records, so all compute the same answer
         and the same plan; the plan's digest is still compared across ranks, and a mismatch
@@ -265,16 +273,17 @@ class DSSyncStrategy(Strategy):
         self._records = []
         racks = [self.ctx.topology.rack_of(r) for r in range(self.comm.world_size)]
         sensed = sense_contention(window, racks, self._nbytes, current=self._contention)
-        if sensed == self._contention:
+        pace = cross_rack_pace(window, racks, current=self._pace, max_pace=self.config.max_pace)
+        if sensed == self._contention and pace == self._pace:
             return False
         uplinks, nics = sensed
         topology = dataclasses.replace(self.ctx.topology, contention={
             "uplinks": [{"rack": r} for r in uplinks], "nics": [{"rank": i} for i in nics]})
         try:
-            schedule = self._plan(topology)
+            schedule = self._plan(topology, pace)
         except ScheduleError:
             return False  # no plan keeps these apart and still mixes: stay on the current one
-        self._contention = sensed
+        self._contention, self._pace = sensed, pace
         digests = self.comm.allgather_object(schedule.digest())
         if len(set(digests)) != 1:
             raise ScheduleError(
@@ -285,7 +294,9 @@ class DSSyncStrategy(Strategy):
             return False
         self.comm.register_groups(schedule.distinct_groups())
         self.schedule, self._schedule_start = schedule, next_step
-        reason = (f"slow uplinks {uplinks}, slow NICs {nics}" if uplinks or nics else "contention cleared")
+        parts = ([f"slow uplinks {uplinks}, slow NICs {nics}"] if uplinks or nics else []) + \
+            ([f"racks exchange every {pace} rounds"] if pace > 1 else [])
+        reason = ", ".join(parts) or "contention cleared"
         self._changes.append({"step": next_step, "reason": reason, "schedule": schedule.to_dict()})
         return True
 

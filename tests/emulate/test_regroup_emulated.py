@@ -56,3 +56,26 @@ def test_ds_sync_probes_first_without_a_topology(name, tmp_path):
     assert [n["rank"] for n in record["topology"]["contention"]["nics"]] == [4]
     initial = Schedule.from_dict(record["schedule_changes"][0]["schedule"])
     assert all(len(next(g for g in p if 4 in g)) == 2 for p in initial.period)
+
+
+def test_ds_sync_paces_the_racks_behind_a_contended_uplink(name, tmp_path):
+    """``inter-rack``: the single cross-rack pair gets a fraction of rack 0's uplink against the
+    background streams, several times an intra-rack group's time, so the first regrouping
+    lets the racks exchange only every few rounds (dssync's pace; the racks stay as planned)."""
+    spec = emulate.SCENARIOS["inter-rack"]
+    out = tmp_path / "run.json"
+    with emulate.cluster(spec["rack_sizes"], nic=spec["nic"], uplink=spec["uplink"], name=name):
+        emulate.contend(name=name, flows=spec["flows"])
+        proc = subprocess.run([DSSYNC, "emulate", "run", "--name", name, "--timeout", "400", "--",
+                               DSSYNC, "train", "--strategy", "ds-sync", "--task", "synthetic",
+                               "--model-mb", "1", "--rack-sizes", "4,4", "--adjust-every", "20",
+                               "--steps", "40", "--no-progress", "--timeout", "120", "--json", str(out)],
+                              capture_output=True, text=True, timeout=460)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    changes = json.loads(out.read_text())["schedule_changes"]
+    assert len(changes) >= 2 and "racks exchange every" in changes[1]["reason"], changes[1:]
+    pace = int(changes[1]["reason"].split("racks exchange every ")[1].split()[0])
+    assert 2 <= pace <= 4
+    schedule = Schedule.from_dict(changes[1]["schedule"])
+    crossing = [t for t, p in enumerate(schedule.period) if any(min(g) < 4 <= max(g) for g in p)]
+    assert crossing == list(range(0, len(schedule.period), pace))

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dssync.errors import ScheduleError
-from dssync.planner import adjusted_plan, check_adjusted, plan, static_plan
+from dssync.planner import adjusted_plan, check_adjusted, check_paced, plan, static_plan
 from dssync.topology import Topology
 
 
@@ -102,3 +102,54 @@ def test_bad_contention_entries_are_refused():
         adjusted_plan(topo, slow_uplinks=[5])
     with pytest.raises(ScheduleError, match="slow NIC of rank 9"):
         adjusted_plan(topo, slow_nics=[9])
+
+
+# -- paced plans (dssync's extension) ---------------------------------------------------------
+@settings(max_examples=200, deadline=None)
+@given(contended_layouts(), st.integers(2, 5))
+def test_a_paced_plan_crosses_racks_only_every_pace_rounds_and_still_mixes(layout, pace):
+    sizes, slow_uplinks, slow_nics = layout
+    topo = Topology.from_rack_sizes(sizes)
+    data = topo.to_dict()
+    data["contention"] = {"uplinks": [{"rack": r} for r in slow_uplinks], "nics": [{"rank": i} for i in slow_nics]}
+    topo = Topology.from_dict(data)
+    base = plan(topo)
+    schedule = plan(topo, pace=pace)
+    assert len(schedule.period) == pace * len(base.period)
+    assert schedule.period[::pace] == base.period  # every round of the plan, once, in order
+    for t, partition in enumerate(schedule.period):
+        if t % pace == 0:
+            continue
+        assert sorted(r for g in partition for r in g) == list(range(topo.world_size))
+        # rack-local: no group crosses racks; intra-rack groups of the round before stay
+        assert all(len({topo.rack_of(r) for r in g}) == 1 for g in partition), partition
+        before = {g for g in schedule.period[t - t % pace] if len({topo.rack_of(r) for r in g}) == 1}
+        for g in before:
+            assert any(set(g) <= set(h) for h in partition)
+        for r in slow_nics:  # a slow NIC keeps its pair, never joins a larger group
+            assert len(next(g for g in partition if r in g)) <= 2
+    assert schedule.rho < 1
+    check_paced(schedule, topo, pace)
+
+
+def test_rack_local_rounds_fold_the_representatives_back_into_their_racks():
+    topo = Topology.from_rack_sizes([4, 4])
+    schedule = plan(topo, pace=3)
+    assert schedule.period[:3] == (((0, 4), (1, 2, 3), (5, 6, 7)),
+                                   ((0, 1, 2, 3), (4, 5, 6, 7)), ((0, 1, 2, 3), (4, 5, 6, 7)))
+    data = Topology.from_rack_sizes([5, 3]).to_dict()
+    data["contention"] = {"nics": [{"rank": 4}]}
+    topo = Topology.from_dict(data)
+    first, local = plan(topo, pace=2).period[:2]
+    assert first == ((0, 5), (1, 4), (2, 3), (6, 7))
+    assert local == ((0, 2, 3), (1, 4), (5, 6, 7))  # rank 0 joins the regular pair, not rank 4's
+
+
+def test_check_paced_rejects_racks_exchanging_off_pace():
+    topo = Topology.from_rack_sizes([4, 4])
+    with pytest.raises(ScheduleError, match="cross racks, but with pace 2"):
+        check_paced(static_plan(topo), topo, 2)
+    with pytest.raises(ScheduleError, match="multiple of 3 rounds"):
+        check_paced(plan(topo, pace=2), topo, 3)
+    with pytest.raises(ScheduleError, match="pace must be 1"):
+        plan(topo, pace=0)

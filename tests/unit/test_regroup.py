@@ -1,7 +1,7 @@
 """Contention sensed from group timings (pure): synthetic records with known answers."""
 
-from dssync.planner import adjusted_plan, static_plan
-from dssync.regroup import group_bandwidths, sense_contention
+from dssync.planner import adjusted_plan, plan, static_plan
+from dssync.regroup import cross_rack_pace, group_bandwidths, sense_contention
 from dssync.topology import Topology
 
 MB = 10**6
@@ -85,3 +85,46 @@ def test_an_uplink_the_window_cannot_judge_keeps_its_flag():
     racks = [topo.rack_of(r) for r in range(9)]
     gone = records_for(adjusted_plan(topo, slow_uplinks=[1]), 20, racks=racks)
     assert sense_contention(gone, racks, MB, current=([1], [])) == ([1], [])
+
+
+# -- pace (dssync's extension: racks exchange every k-th round) ------------------------------
+def test_a_slow_cross_rack_group_paces_the_racks():
+    topo = Topology.from_rack_sizes([4, 4])
+    racks = [topo.rack_of(r) for r in range(8)]
+    # Cross-rack pair at 1/9 of the rate: 9x a pair, 6.75x a group of three: ceil(6.75 - 1) = 6 -> cap 4.
+    slow = records_for(static_plan(topo), 20, slow_racks={0}, racks=racks, factor=1 / 9)
+    assert cross_rack_pace(slow, racks) == 4
+    assert cross_rack_pace(slow, racks, max_pace=8) == 6
+    assert cross_rack_pace(slow, racks, max_pace=1) == 1
+    # Three times a group of three: ceil(2.25 - 1) = 2.
+    assert cross_rack_pace(records_for(static_plan(topo), 20, slow_racks={0}, racks=racks, factor=1 / 3),
+                           racks) == 2
+    # A clear uplink (the pair moves as many bytes per link as a group of three): every round.
+    assert cross_rack_pace(records_for(static_plan(topo), 20, racks=racks), racks) == 1
+
+
+def test_a_pace_is_kept_until_the_window_asks_for_every_round():
+    topo = Topology.from_rack_sizes([4, 4])
+    racks = [topo.rack_of(r) for r in range(8)]
+    paced_plan = plan(topo, pace=4)
+    # 32 ms against 12 (groups of four in the rack-local rounds): alone it asks for 2
+    faster = records_for(paced_plan, 32, slow_racks={0}, racks=racks, factor=1 / 4)
+    assert cross_rack_pace(faster, racks, current=1) == 2
+    assert cross_rack_pace(faster, racks, current=4) == 4
+    clear = records_for(paced_plan, 32, racks=racks)
+    assert cross_rack_pace(clear, racks, current=4) == 1
+    assert cross_rack_pace([], racks, current=4) == 4  # nothing to judge: keep it
+    assert cross_rack_pace([], racks, current=4, max_pace=2) == 2
+
+
+def test_a_slow_nic_slower_than_the_racks_link_leaves_the_pace_alone():
+    topo = Topology.from_rack_sizes([5, 3])
+    racks = [topo.rack_of(r) for r in range(8)]
+    # The cross pair at 1/3, rank 4's pairs at 1/9: rank 4 paces the job, not the racks.
+    records = [rec for rec in records_for(adjusted_plan(topo, slow_nics=[4]), 24, racks=racks,
+                                          slow_racks={0}, factor=1 / 3)
+               if 4 not in rec[1]]
+    records += [rec for rec in records_for(adjusted_plan(topo, slow_nics=[4]), 24, racks=racks,
+                                           slow_nics={4}, factor=1 / 9) if 4 in rec[1]]
+    assert cross_rack_pace(records, racks) == 1
+    assert cross_rack_pace([rec for rec in records if 4 not in rec[1]], racks) == 2  # 24 ms against 8

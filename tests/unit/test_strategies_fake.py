@@ -6,7 +6,7 @@ from torch import nn
 
 from dssync.collectives import FakeWorld
 from dssync.errors import CommunicationError, ScheduleError
-from dssync.planner import static_plan
+from dssync.planner import plan, static_plan
 from dssync.schedule import Schedule
 from dssync.strategies import AllreduceStrategy, DSSyncStrategy, get_strategy
 from dssync.strategy import StrategyContext
@@ -184,13 +184,34 @@ def test_regroup_switches_every_rank_at_the_same_step_and_relaxes():
     assert out[0][2] == static_plan(topo).digest()
 
 
+def test_regroup_paces_the_racks_when_the_cross_rack_group_is_the_bottleneck():
+    topo = Topology.from_rack_sizes([4, 4])
+
+    def body(comm):
+        strategy = _regrouping(comm, topo)
+        rec = _timed_records(comm.rank, strategy.schedule, 20, slow_rank=-1)
+        # the cross-rack pair takes nine times an intra-rack group
+        strategy._records = [(s, g, t * (9 if min(g) < 4 <= max(g) else 1)) for s, g, t in rec]
+        assert strategy.regroup(20)
+        paced_plan = strategy.schedule
+        strategy._records = _timed_records(comm.rank, paced_plan, 20, slow_rank=-1, start=20)
+        assert strategy.regroup(40)
+        return [(c["step"], c["reason"]) for c in strategy.schedule_changes()], paced_plan.digest(), \
+            strategy.schedule.digest()
+
+    out = FakeWorld(8).run(body)
+    assert out[0][0] == [(0, "initial"), (20, "racks exchange every 4 rounds"), (40, "contention cleared")]
+    assert {o[1] for o in out} == {plan(topo, pace=4).digest()}
+    assert {o[2] for o in out} == {static_plan(topo).digest()}
+
+
 def test_ranks_whose_records_disagree_stop_with_an_error():
     topo = Topology.from_rack_sizes([4, 4])
 
     def body(comm):
         strategy = _regrouping(comm, topo)
         if comm.rank == 0:  # as if rank 0 had planned otherwise from the same window
-            strategy._plan = lambda topology: Schedule(world_size=8, period=((tuple(range(8)),),))
+            strategy._plan = lambda topology, pace=1: Schedule(world_size=8, period=((tuple(range(8)),),))
         strategy._records = _timed_records(comm.rank, strategy.schedule, 20, slow_rank=1)
         strategy.regroup(20)
 
