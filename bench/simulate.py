@@ -15,8 +15,12 @@ a link's bytes per second):
   direction) and its rack's uplink (each direction). A link of capacity ``B`` carrying ``f``
   of the job's flows and ``k`` background TCP streams gives each job flow ``B / (f + k)``
   (TCP's per-stream share, as on the emulated cluster); a step lasts ``alpha`` plus the
-  slowest flow's bytes over its rate, a group's collective the sum of its steps, and an
-  iteration as long as its slowest group (the round's groups run at once).
+  slowest flow's bytes over its rate, and a group's collective the sum of its steps. Each
+  rank keeps its own clock (``rank_times``): a collective of the whole world lines them up,
+  but a ds-sync group starts when its last member arrives and a gossip transfer when both
+  of its ends have, so a rank that left a fast group waits, next iteration, for a peer
+  still in a slow one. An iteration's figure is DESIGN section 7's, the longest any rank
+  spent, waits included.
 
 On the emulated cluster one more resource is shared: the machine itself, whose cores move
 every byte through each veth it crosses (a flow inside a rack crosses two, a flow between
@@ -25,8 +29,8 @@ least its veth-bytes over the cap. It is infinite for a real cluster and measure
 emulated one (``dssync bench simcheck`` runs one iperf3 flow out of every worker at once).
 
 Steps of one pattern repeat (every ring step moves the same bytes over the same links), so
-each distinct round is computed once, with numpy over all flows, and an iteration's time
-is looked up; 1000 iterations of 4096 workers take seconds.
+each distinct round's durations are computed once, with numpy over all flows, and the
+clocks advance by them; 1000 iterations of 4096 workers take seconds.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from dssync.planner import plan
 from dssync.strategies.gossip import gossip_peers
 from dssync.topology import Topology
 
-__all__ = ["Network", "iteration_times", "simulate", "table_ii", "with_contention"]
+__all__ = ["Network", "iteration_times", "rank_times", "simulate", "table_ii", "with_contention"]
 
 STRATEGIES = ("allreduce", "hierarchical", "gossip", "asp", "ds-sync")
 
@@ -96,26 +100,34 @@ def _host_time(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarra
     return float((nbytes * crossings).sum()) / capacity
 
 
-def _ring_round(net: Network, groups: Sequence[Sequence[int]], size_bytes: float) -> float:
-    """All ``groups`` ring-allreduce ``size_bytes`` at once; the slowest group's time."""
-    groups = [sorted(g) for g in groups if len(g) > 1]
-    if not groups:
-        return 0.0
-    src = np.concatenate([np.asarray(g) for g in groups])
-    dst = np.concatenate([np.roll(np.asarray(g), -1) for g in groups])
-    sizes = np.concatenate([np.full(len(g), size_bytes / len(g)) for g in groups])
+def _ring_groups(net: Network, groups: Sequence[Sequence[int]], size_bytes: float) -> np.ndarray:
+    """All ``groups`` ring-allreduce ``size_bytes`` at once; each group's time (0 for a group
+    of one)."""
+    out = np.zeros(len(groups))
+    live = [k for k, g in enumerate(groups) if len(g) > 1]
+    if not live:
+        return out
+    rings = [sorted(groups[k]) for k in live]
+    src = np.concatenate([np.asarray(g) for g in rings])
+    dst = np.concatenate([np.roll(np.asarray(g), -1) for g in rings])
+    sizes = np.concatenate([np.full(len(g), size_bytes / len(g)) for g in rings])
     # Every step of every group's ring uses the same links; groups with fewer steps finish
     # first, but while they run they share links with the others, so each group's step time
     # is its own flows' slowest rate under the common load (a bound, exact when all groups
     # have the same size).
     per_flow = _per_flow_times(net, src, dst, sizes)
     host = _host_time(net, src, dst, sizes)  # all groups' flows of one step, through one machine
-    out, start = 0.0, 0
-    for g in groups:
+    start = 0
+    for k, g in zip(live, rings, strict=True):
         slowest = max(float(per_flow[start : start + len(g)].max()), host)
-        out = max(out, 2 * (len(g) - 1) * (net.alpha_s + slowest))
+        out[k] = 2 * (len(g) - 1) * (net.alpha_s + slowest)
         start += len(g)
     return out
+
+
+def _ring_round(net: Network, groups: Sequence[Sequence[int]], size_bytes: float) -> float:
+    """All ``groups`` ring-allreduce ``size_bytes`` at once; the slowest group's time."""
+    return float(_ring_groups(net, groups, size_bytes).max(initial=0.0))
 
 
 def _per_flow_times(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
@@ -179,38 +191,103 @@ def _broadcast_time(net: Network, groups: Sequence[Sequence[int]], size_bytes: f
     return total
 
 
-def iteration_times(net: Network, strategy: str, size_bytes: float, iterations: int) -> np.ndarray:
-    """Communication seconds of each of ``iterations`` iterations of ``strategy``."""
+def rank_times(net: Network, strategy: str, size_bytes: float, iterations: int) -> np.ndarray:
+    """Communication seconds of each rank in each iteration, ``(iterations, world_size)``:
+    DESIGN section 7's per-rank figure, from the rank's first communication call to the end
+    of its last, waits for peers included.
+
+    Every rank keeps its own clock. A collective of the whole world (allreduce,
+    hierarchical) lines every rank up each iteration, so all ranks spend the same time. The
+    parameter server's workers wait for nobody. ds-sync's groups and gossip's peers do: a
+    group starts when its last member arrives and all members leave together; a gossip
+    transfer ``i -> i + 2^k`` starts when both ends are there, and a rank is done when its
+    send and its receive are. A rank that left a fast group early therefore waits, next
+    iteration, for a group-mate still in a slow one, and that wait is communication time.
+    Every rank computes for the same time between iterations, which shifts every clock
+    alike, so compute does not appear.
+    """
+    n = net.world_size
+    if strategy in ("allreduce", "hierarchical", "asp"):
+        return np.repeat(_lockstep_times(net, strategy, size_bytes)[None, :], iterations, axis=0)
+    if strategy == "gossip":
+        dims = max(1, (n - 1).bit_length())
+        ranks = np.arange(n)
+        rounds = []
+        for k in range(dims):
+            if n < 2:
+                rounds.append(None)
+                continue
+            dst = np.array([gossip_peers(r, n, k)[0] for r in ranks], dtype=int)
+            src = np.array([gossip_peers(r, n, k)[1] for r in ranks], dtype=int)
+            sizes = np.full(n, size_bytes)
+            flow = net.alpha_s + np.maximum(_per_flow_times(net, ranks, dst, sizes),
+                                            _host_time(net, ranks, dst, sizes))
+            rounds.append((dst, src, flow))
+        return _clocked(rounds, iterations, n, _gossip_finish)
+    if strategy == "ds-sync":
+        period = plan(with_contention(net)).period
+        rounds = []
+        for partition in period:
+            groups = [list(g) for g in partition]
+            members = np.concatenate([np.asarray(g) for g in groups])
+            offsets = np.cumsum([0] + [len(g) for g in groups[:-1]])
+            durations = np.repeat(_ring_groups(net, groups, size_bytes), [len(g) for g in groups])
+            rounds.append((members, offsets, durations))
+        return _clocked(rounds, iterations, n, _group_finish)
+    raise ValueError(f"unknown strategy {strategy!r} for the simulator; choose from {', '.join(STRATEGIES)}")
+
+
+def _lockstep_times(net: Network, strategy: str, size_bytes: float) -> np.ndarray:
+    """Per-rank seconds of one iteration of a strategy whose ranks never wait for a late peer."""
     n = net.world_size
     racks = [list(r) for r in net.topology().racks()]
     if strategy == "allreduce":
         # Ranks are numbered rack by rack, so the ring crosses each rack boundary once.
-        return np.full(iterations, _ring_round(net, [list(range(n))], size_bytes))
-    if strategy == "hierarchical":
+        seconds = _ring_round(net, [list(range(n))], size_bytes)
+    elif strategy == "hierarchical":
         leaders = [r[0] for r in racks]
-        inter = _ring_round(net, [leaders], size_bytes)
-        return np.full(iterations, _reduce_time(net, racks, size_bytes) + inter
-                       + _broadcast_time(net, racks, size_bytes))
-    if strategy == "gossip":
-        dims = max(1, (n - 1).bit_length())
-        per_dim = []
-        for k in range(dims):
-            src = np.arange(n) if n > 1 else np.array([], dtype=int)
-            dst = np.array([gossip_peers(r, n, k)[0] for r in src], dtype=int)
-            per_dim.append(_step_time(net, src, dst, np.full(src.size, size_bytes)) if src.size else 0.0)
-        return np.array([per_dim[t % dims] for t in range(iterations)])
-    if strategy == "asp":
+        seconds = _reduce_time(net, racks, size_bytes) + _ring_round(net, [leaders], size_bytes) \
+            + _broadcast_time(net, racks, size_bytes)
+    else:  # asp: every worker pushes to and pulls from every shard
         src = np.repeat(np.arange(n), n)
         dst = np.tile(np.arange(n), n)
         keep = src != dst
-        one_way = _step_time(net, src[keep], dst[keep], np.full(int(keep.sum()), size_bytes / n))
-        return np.full(iterations, 2 * one_way)  # push, then pull
-    if strategy == "ds-sync":
-        topo = with_contention(net)
-        period = plan(topo).period
-        per_round = [_ring_round(net, [list(g) for g in rnd], size_bytes) for rnd in period]
-        return np.array([per_round[t % len(per_round)] for t in range(iterations)])
-    raise ValueError(f"unknown strategy {strategy!r} for the simulator; choose from {', '.join(STRATEGIES)}")
+        seconds = 2 * _step_time(net, src[keep], dst[keep], np.full(int(keep.sum()), size_bytes / n))
+    return np.full(n, seconds)
+
+
+def _group_finish(clock: np.ndarray, members: np.ndarray, offsets: np.ndarray, durations: np.ndarray) -> np.ndarray:
+    """When each rank leaves its group: the group's last arrival plus the group's time."""
+    start = np.maximum.reduceat(clock[members], offsets)
+    finish = clock.copy()
+    finish[members] = np.repeat(start, np.diff(np.append(offsets, members.size))) + durations
+    return finish
+
+
+def _gossip_finish(clock: np.ndarray, dst: np.ndarray, src: np.ndarray, flow: np.ndarray) -> np.ndarray:
+    """When each rank is done: its send to ``dst`` and its receive from ``src`` both ended;
+    a transfer starts when both of its ends are there."""
+    sent = np.maximum(clock, clock[dst]) + flow
+    return np.maximum(sent, sent[src])
+
+
+def _clocked(rounds: Sequence[Any], iterations: int, n: int, finish: Any) -> np.ndarray:
+    out = np.zeros((iterations, n))
+    clock = np.zeros(n)
+    for t in range(iterations):
+        rnd = rounds[t % len(rounds)]
+        if rnd is None:
+            continue
+        after = finish(clock, *rnd)
+        out[t] = after - clock
+        clock = after
+    return out
+
+
+def iteration_times(net: Network, strategy: str, size_bytes: float, iterations: int) -> np.ndarray:
+    """Communication seconds of each of ``iterations`` iterations of ``strategy``: DESIGN
+    section 7's figure, the longest any rank spent (``rank_times``)."""
+    return rank_times(net, strategy, size_bytes, iterations).max(axis=1)
 
 
 def with_contention(net: Network) -> Topology:
@@ -225,12 +302,14 @@ def with_contention(net: Network) -> Topology:
 
 
 def simulate(net: Network, strategies: Sequence[str], *, size_bytes: float, iterations: int = 1000) -> dict[str, Any]:
-    """Per strategy: median and mean communication ms per iteration over ``iterations``."""
+    """Per strategy: median and mean over ``iterations`` of DESIGN section 7's figure (the
+    longest any rank spent), and ``per_rank_ms``, what one rank spends on average."""
     out = {}
     for s in strategies:
-        times = iteration_times(net, s, size_bytes, iterations)
+        ranks = rank_times(net, s, size_bytes, iterations)
+        times = ranks.max(axis=1)
         out[s] = {"median_ms": 1e3 * float(np.median(times)), "mean_ms": 1e3 * float(np.mean(times)),
-                  "total_s": float(times.sum())}
+                  "per_rank_ms": 1e3 * float(ranks.mean()), "total_s": float(times.sum())}
     return out
 
 

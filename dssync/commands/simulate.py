@@ -62,11 +62,12 @@ def run(args: argparse.Namespace) -> int:
     table = Table(title=f"simulated: {len(sizes)} racks, {sum(sizes)} workers, {args.scenario}, NIC {args.nic}, "
                   f"uplink {args.uplink}, alpha {args.alpha_us:g} us, {args.size_mb:g} MB, "
                   f"{args.iterations} iterations ({elapsed:.1f} s)")
-    for col in ("strategy", "median comm ms/iter", "mean comm ms/iter", "allreduce ÷ this (median)"):
+    for col in ("strategy", "median comm ms/iter", "mean comm ms/iter", "per-rank comm ms/iter",
+                "allreduce ÷ this (median)"):
         table.add_column(col, justify="right")
     ar = result.get("allreduce", {}).get("median_ms")
     for s, r in result.items():
-        table.add_row(s, f"{r['median_ms']:.2f}", f"{r['mean_ms']:.2f}",
+        table.add_row(s, f"{r['median_ms']:.2f}", f"{r['mean_ms']:.2f}", f"{r['per_rank_ms']:.2f}",
                       f"{ar / r['median_ms']:.2f}" if ar and r["median_ms"] > 0 else "n/a")
     Console().print(table)
     if args.json:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from dssync.bench.simulate import Network, iteration_times, simulate, table_ii
+from dssync.bench.simulate import Network, iteration_times, rank_times, simulate, table_ii
 
 B = 125e6  # 1 Gbit/s in bytes/s
 S = 1e6
@@ -101,3 +101,38 @@ def test_hierarchical_follows_gloos_reduce_and_broadcast():
     five = Network((5, 3), nic_bps=B, uplink_bps=B, alpha_s=0.0)
     reduce5 = 4 / 5 * t + 4 / 5 * t  # scatter (n-1)/n, gather (n-1)/n into the root
     assert iteration_times(five, "hierarchical", S, 1)[0] == pytest.approx(reduce5 + t + 4 * t)
+
+
+def test_ds_sync_ranks_wait_for_group_mates_still_in_a_slower_group():
+    """Each rank keeps its own clock. Static plan on 4 + 4: the cross-rack pair takes
+    t = S/B, the intra-rack groups of three 4/3 t. The pair's members leave early and, next
+    round, wait 1/3 t in their new group of three for members of the last one."""
+    net = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=0.0)
+    t = S / B
+    ranks = rank_times(net, "ds-sync", S, 3)
+    assert ranks[0] == pytest.approx([t, 4 / 3 * t, 4 / 3 * t, 4 / 3 * t, t, 4 / 3 * t, 4 / 3 * t, 4 / 3 * t])
+    assert ranks[1, 0] == pytest.approx(5 / 3 * t)  # rank 0, last round's representative
+    assert iteration_times(net, "ds-sync", S, 3) == pytest.approx([4 / 3 * t, 5 / 3 * t, 5 / 3 * t])
+
+
+def test_gossip_has_no_barrier_so_a_slow_sender_delays_its_peers_next_iteration():
+    """One rack of 4; rank 0's NIC carries 3 background streams, so 0 -> 1 moves at B/4 (4 t)
+    while every other transfer takes t. Iteration 1 (offset 2): 0 -> 2 starts only when rank
+    0 is back, at 4 t, and ends at 8 t; rank 2, free since t, has spent 7 t."""
+    net = Network((4,), nic_bps=B, uplink_bps=B, alpha_s=0.0, nic_out_streams={0: 3})
+    t = S / B
+    ranks = rank_times(net, "gossip", S, 2)
+    assert ranks[0] == pytest.approx([4 * t, 4 * t, t, t])
+    assert ranks[1] == pytest.approx([4 * t, t, 7 * t, 4 * t])
+    assert iteration_times(net, "gossip", S, 2) == pytest.approx([4 * t, 7 * t])
+
+
+def test_lockstep_strategies_spend_the_same_time_on_every_rank():
+    net = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=ALPHA, uplink_out_streams={0: 8})
+    for strategy in ("allreduce", "hierarchical", "asp"):
+        ranks = rank_times(net, strategy, S, 4)
+        assert ranks.shape == (4, 8) and np.all(ranks == ranks[0, 0]) and ranks[0, 0] > 0
+    out = simulate(net, ["allreduce", "ds-sync"], size_bytes=S, iterations=12)
+    assert out["allreduce"]["per_rank_ms"] == pytest.approx(out["allreduce"]["mean_ms"])
+    # ds-sync's ranks spend less on average than the slowest of them each iteration.
+    assert out["ds-sync"]["per_rank_ms"] < out["ds-sync"]["mean_ms"]
