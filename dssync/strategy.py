@@ -78,6 +78,11 @@ class Strategy(ABC):  # noqa: B024 - every hook has a no-op default
         """``[{step, reason, schedule}]`` for strategies that follow a schedule."""
         return []
 
+    def stats(self) -> dict[str, Any]:
+        """What the strategy counted on this rank (rounds, dropped pushes, ...); ``train``
+        gathers every rank's into the record's ``strategy_stats``."""
+        return {}
+
     # -- per iteration (template methods) ------------------------------------------------------
     def before_step(self, step: int) -> None:
         t0 = time.perf_counter()

@@ -129,6 +129,7 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
 
     strategy.close()
     samples = comm.allgather_object(strategy.comm_s)
+    stats = comm.allgather_object(strategy.stats())
     if rank != 0:
         return None
     comm_ms, per_iter = summarize_comm(samples, warmup=comm_warmup(cfg.steps))
@@ -155,6 +156,7 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
         "curve": curve,
         "comm_ms_samples": per_iter,
         "comm_ms_by_rank": [[round(1e3 * x, 3) for x in mine] for mine in samples],
+        "strategy_stats": stats,
         "config": {k: v for k, v in asdict(cfg).items()
                    if k not in ("topology", "schedule", "progress")},
     }

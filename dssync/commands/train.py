@@ -3,17 +3,44 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+from typing import Any
 
 from dssync._jsonfile import write_json
 from dssync.commands._common import add_topology_options, schedule_from_args, topology_from_args
 from dssync.launch import from_environ
-from dssync.strategies import REGISTRY
+from dssync.strategies import REGISTRY, get_strategy
 from dssync.tasks import TASKS
 from dssync.train import TrainConfig, train
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "strategy_settings"]
+
+
+def strategy_settings(strategy: str, pairs: list[str]) -> dict[str, Any]:
+    """``["key=value", ...]`` as settings of ``strategy``'s ``Config``, each value read as the
+    field's type (bool: true/false/1/0); an unknown key or a bad value names the choices."""
+    fields = {f.name: f for f in dataclasses.fields(get_strategy(strategy).Config)}
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in fields:
+            raise ValueError(f"--set {pair!r}: {strategy} has the settings "
+                             f"{', '.join(sorted(fields)) or '(none)'}; write KEY=VALUE")
+        kind = str(fields[key].type)
+        try:
+            if kind == "bool":
+                if text.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(text)
+                value: Any = text.lower() in ("true", "1")
+            else:
+                value = {"int": int, "float": float}.get(kind, str)(text)
+        except ValueError:
+            raise ValueError(f"--set {pair!r}: {key} must be of type {kind}") from None
+        out[key] = value
+    return out
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -45,6 +72,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-pace", type=int, default=None, metavar="K",
                    help="ds-sync --adjust-every: let racks exchange as rarely as every K-th round when "
                    "the cross-rack group is the job's bottleneck (default 4; 1: every round, as in the paper)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                   help="any setting of the strategy's Config, e.g. --set staleness=2 (ssp), "
+                   "--set push_quorum=3 --set pull_fraction=0.75 (psp); repeatable")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds any collective may wait")
     p.add_argument("--json", metavar="OUT", help="write the run's record as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -74,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
         if args.strategy != "ds-sync":
             raise ValueError("--max-pace applies to --strategy ds-sync only")
         options["max_pace"] = args.max_pace
+    options.update(strategy_settings(args.strategy, args.settings))
+    get_strategy(args.strategy).Config(**options)  # a bad setting fails here, before any rank starts
     topology = topology_from_args(args)
     cfg = TrainConfig(
         strategy=args.strategy, task=args.task, steps=args.steps, seed=args.seed,
