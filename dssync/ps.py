@@ -138,8 +138,8 @@ class ParameterServer:
         start, stop = self.bounds[self.rank]
         # The optimizer settings are fixed before the shard serves: a peer may push as soon
         # as the addresses are exchanged.
-        self._shard = _Shard(flat[start:stop].numpy().copy(), self.n, lr=lr, momentum=momentum,
-                             staleness=staleness, timeout_s=self.timeout_s)
+        self._shard = self._new_shard(flat[start:stop].numpy().copy(), lr=lr, momentum=momentum,
+                                      staleness=staleness)
         self._listener = socket.create_server((_local_address(), 0), backlog=self.n)
         self._listener.settimeout(self.timeout_s)
         self._threads: list[threading.Thread] = []
@@ -151,6 +151,9 @@ class ParameterServer:
         self.versions = [0] * self.n
 
     # -- server side ------------------------------------------------------------------------
+    def _new_shard(self, params: np.ndarray, *, lr: float, momentum: float, staleness: int | None) -> _Shard:
+        return _Shard(params, self.n, lr=lr, momentum=momentum, staleness=staleness, timeout_s=self.timeout_s)
+
     def _accept(self) -> None:
         for _ in range(self.n):
             try:

@@ -66,7 +66,7 @@ def test_plan_rejects_malformed_topologies(tmp_path, content, needle):
 
 def test_train_rejects_bad_input_before_starting_ranks(tmp_path):
     assert_one_line_error(dssync("train", "--strategy", "nope", "--nproc", "2"),
-                          "unknown strategy 'nope'", "allreduce, asp, ds-sync, gossip, hierarchical, local-sgd, ssp")
+                          "unknown strategy 'nope'", "allreduce, asp, ds-sync, gossip, hierarchical, local-sgd, psp, ssp")
     assert_one_line_error(dssync("train", "--strategy", "ds-sync", "--task", "imagenet", "--nproc", "2"),
                           "unknown task 'imagenet'")
     topo = tmp_path / "topology.json"
@@ -124,8 +124,13 @@ def test_probe_backends_rejects_bad_input_before_building_anything(args, needle)
     (["--strategy", "ds-sync", "--overlap", "--adjust-every", "20"], "overlap and adjust_every do not combine"),
     (["--strategy", "ds-sync", "--bucket-mb", "1"], "--bucket-mb applies to --overlap only"),
     (["--strategy", "ds-sync", "--overlap", "--bucket-mb", "-1"], "bucket_mb must be 0 (one allreduce per layer)"),
+    (["--strategy", "psp", "--set", "quorum=3"], "psp has the settings delay_prob, delay_s, pull_fraction"),
+    (["--strategy", "psp", "--set", "push_quorum=three"], "push_quorum must be of type int"),
+    (["--strategy", "psp", "--set", "pull_fraction=1.5"], "pull_fraction must be in (0, 1]"),
+    (["--strategy", "ssp", "--set", "staleness"], "write KEY=VALUE"),
+    (["--strategy", "ssp", "--set", "staleness=-1"], "staleness must be 0 or more"),
 ])
-def test_train_rejects_bad_ds_sync_options(args, needle):
+def test_train_rejects_bad_strategy_settings(args, needle):
     proc = dssync("train", "--nproc", "2", "--steps", "1", *args)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert needle in proc.stderr, proc.stderr
@@ -172,6 +177,8 @@ def test_bench_allreduce_rejects_bad_input_before_starting_ranks(args, needle):
 @pytest.mark.parametrize(("args", "needle"), [
     (["--scenario", "busy"], "unknown scenario 'busy'"),
     (["--strategies", "allreduce,nope"], "unknown strategy 'nope'"),
+    (["--strategies", "psp:pull_fraction=0"], "pull_fraction must be in (0, 1]"),
+    (["--strategies", "psp:c=3"], "psp has the settings"),
     (["--repeats", "0"], "repeats, steps and eval_every must be positive"),
 ])
 def test_bench_compare_rejects_bad_input_before_building_anything(args, needle):

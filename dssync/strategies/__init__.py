@@ -8,16 +8,17 @@ from dssync.strategies.ds_sync import DSSyncStrategy
 from dssync.strategies.gossip import GossipStrategy
 from dssync.strategies.hierarchical import HierarchicalStrategy
 from dssync.strategies.local_sgd import LocalSGDStrategy
+from dssync.strategies.psp import PSPStrategy
 from dssync.strategy import Strategy
 
 __all__ = [
     "REGISTRY", "ASPStrategy", "AllreduceStrategy", "DSSyncStrategy", "GossipStrategy", "HierarchicalStrategy",
-    "LocalSGDStrategy", "SSPStrategy", "get_strategy",
+    "LocalSGDStrategy", "PSPStrategy", "SSPStrategy", "get_strategy",
 ]
 
 REGISTRY: dict[str, type[Strategy]] = {
     cls.name: cls for cls in (AllreduceStrategy, DSSyncStrategy, HierarchicalStrategy, GossipStrategy,
-                              LocalSGDStrategy, ASPStrategy, SSPStrategy)
+                              LocalSGDStrategy, ASPStrategy, SSPStrategy, PSPStrategy)
 }
 
 

@@ -61,16 +61,22 @@ class ASPStrategy(Strategy):
         if group.get("weight_decay") or group.get("nesterov") or group.get("dampening"):
             raise DssyncError(f"{self.name}'s servers run plain SGD with momentum: no weight decay, "
                               "dampening or Nesterov")
-        lr = group["lr"] / (self.comm.world_size if self.config.scale_lr else 1)
-        self._settings = {"lr": lr, "momentum": group.get("momentum", 0.0)}
+        self._settings = {"lr": self._server_lr(group["lr"]), "momentum": group.get("momentum", 0.0)}
         return StepsElsewhere(optimizer)
+
+    def _server_lr(self, lr: float) -> float:
+        """The learning rate the shards apply each push with."""
+        return lr / (self.comm.world_size if self.config.scale_lr else 1)
+
+    def _make_server(self, settings: dict[str, float]) -> ParameterServer:
+        return ParameterServer(self.comm, self._flat, staleness=self.staleness, **settings)
 
     def setup(self) -> None:
         if self._settings is None:
             raise DssyncError(f"{self.name} steps on the parameter servers: pass the optimizer through "
                               "strategy.wrap_optimizer() before setup()")
         super().setup()  # every shard starts from rank 0's parameters
-        self.server = ParameterServer(self.comm, self._flat, staleness=self.staleness, **self._settings)
+        self.server = self._make_server(self._settings)
 
     @torch.no_grad()
     def _before_step(self, step: int) -> bool:

@@ -163,3 +163,32 @@ def nccl_smoke(comm):
             "cuda_avg": on_gpu.cpu().tolist(), "cpu_avg": on_cpu.tolist(),
             "cuda_bcast": bcast.cpu().tolist(), "gathered": gathered,
             "ds_sync_params_on": str(next(model.parameters()).device)}
+
+
+def psp_pushes(comm, numel: int, steps: int, quorum, fraction: float, slow_rank=None, delay_rank=None,
+               grow: bool = True):
+    """Every rank pushes ``(rank + 1) * (step + 1)`` (``(rank + 1)`` if not ``grow``) in every
+    element ``steps`` times through a ``PartialServer`` (lr 1, momentum 0); ``slow_rank``
+    sleeps before each push, ``delay_rank``'s shard delays every block message by 30 s.
+    Returns the versions after each push, this rank's shard's stats and block, and the
+    parameters after a final pull (``None`` when a shard delays: its pull would wait)."""
+    from dssync.ps_partial import PartialServer
+
+    flat = torch.zeros(numel, dtype=torch.float32)
+    delayed = comm.rank == delay_rank
+    ps = PartialServer(comm, flat, lr=1.0, push_quorum=quorum, pull_fraction=fraction,
+                       delay_prob=1.0 if delayed else 0.0, delay_s=30.0 if delayed else 0.0)
+    seen = []
+    for step in range(steps):
+        if comm.rank == slow_rank:
+            time.sleep(0.2)
+        ps.push_pull(torch.full((numel,), float((comm.rank + 1) * ((step + 1) if grow else 1))), step)
+        seen.append(list(ps.versions))
+    ps.set_idle(True)  # as PSPStrategy.final_model does: a slower worker's rounds close without this one
+    comm.barrier()
+    if delay_rank is None:
+        ps.pull()
+    final = None if delay_rank is not None else flat.clone()
+    comm.barrier()
+    ps.close()  # returns once this shard has read every worker's last message: the stats are final
+    return seen, ps.stats(), torch.from_numpy(ps._shard.params.copy()), final

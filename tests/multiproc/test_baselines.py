@@ -8,6 +8,7 @@ from ranks import (
     parameter_mixing,
     ps_pushes,
     ps_with_a_silent_worker,
+    psp_pushes,
     seeded_vector,
 )
 
@@ -101,3 +102,50 @@ def test_parameter_server_strategies_refuse_an_optimizer_they_cannot_run():
         with pytest.raises(DssyncError, match="wrap_optimizer"):
             strategy.setup()
     FakeWorld(1).run(body)
+
+
+def test_psp_with_every_push_and_every_block_is_synchronous_sgd():
+    """c = k, b = 1: each round applies every worker's gradient of that step, lr * sum / k."""
+    n, steps, numel = 3, 5, 101
+    out = run_ranks(psp_pushes, numel, steps, None, 1.0, nproc=n, timeout_s=60)
+    want = -sum((r + 1) * (t + 1) for r in range(n) for t in range(steps)) / n
+    for seen, stats, block, final in out:
+        assert seen == [[t + 1] * n for t in range(steps)]  # every block fresh after every push
+        assert stats["rounds"] == steps and stats["dropped"] == 0
+        assert stats["joined"] == [list(range(n))] * steps
+        torch.testing.assert_close(block, torch.full_like(block, want))
+        torch.testing.assert_close(final, torch.full((numel,), want))
+
+
+def test_psp_closes_a_round_on_the_first_c_pushes_and_drops_stale_ones():
+    """c = 2 of 3 with rank 2 slow: every round applies exactly two workers until only one
+    worker is still pushing (the others done and idle); its rounds then close on its push alone. Every push
+    is applied or dropped as stale, and each block is its rounds' sum / k."""
+    n, steps, numel = 3, 6, 64
+    out = run_ranks(psp_pushes, numel, steps, 2, 1.0, 2, None, False, nproc=n, timeout_s=60)
+    for _, stats, block, _ in out:
+        joined = stats["joined"]
+        first_alone = next((k for k, j in enumerate(joined) if len(j) == 1), len(joined))
+        assert all(len(j) == 2 for j in joined[:first_alone]), joined
+        assert all(j == joined[first_alone] for j in joined[first_alone:]), joined  # the last worker left
+        assert sum(len(j) for j in joined) + stats["dropped"] == n * steps, stats
+        want = -sum(r + 1 for j in joined for r in j) / n
+        torch.testing.assert_close(block, torch.full_like(block, want))
+    shards = [block for _, _, block, _ in out]
+    for _, _, _, final in out:  # a final pull hands every worker every shard's block
+        torch.testing.assert_close(final, torch.cat(shards))
+
+
+def test_psp_partial_pull_goes_on_without_a_delayed_shard():
+    """b = 1/2 of 2 shards; rank 1's shard delays every block by 30 s. Workers take shard 0's
+    blocks and go on: shard 1 applies its first round and drops every later push, computed
+    on its version 0, as stale."""
+    n, steps, numel = 2, 4, 32
+    out = run_ranks(psp_pushes, numel, steps, None, 0.5, None, 1, nproc=n, timeout_s=60)
+    for seen, _, _, _ in out:
+        assert seen == [[t + 1, 0] for t in range(steps)]
+    stats0, stats1 = out[0][1], out[1][1]
+    assert stats0["rounds"] == steps and stats0["delayed"] == 0
+    assert stats1["rounds"] == 1 and stats1["dropped"] == n * (steps - 1) and stats1["delayed"] >= 1
+    first = -sum(r + 1 for r in range(n)) / n
+    torch.testing.assert_close(out[1][2], torch.full_like(out[1][2], first))
