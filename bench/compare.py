@@ -5,6 +5,8 @@ then every strategy trains the task ``repeats`` times (seeds 0, 1, ...), strateg
 interleaved within a repeat so that slow drift of the machine falls on all of them alike,
 each run a real ``dssync emulate run -- dssync train`` job. Every strategy gets the racks
 (``--rack-sizes``), nothing more; ds-sync finds the contention itself (``--adjust-every``).
+A strategy may carry settings, ``NAME:KEY=VALUE:...`` (``dssync train --set``), so
+settings of one strategy compare side by side.
 
 Per strategy and scenario the summary holds the medians over repeats of communication
 ms/iter (DESIGN section 7) and wall time, the best accuracy, and the time and iterations to
@@ -25,7 +27,7 @@ from dssync.errors import DssyncError
 from dssync.launch import emulate
 from dssync.train import comm_warmup
 
-__all__ = ["compare", "markdown_table", "plot", "summarize"]
+__all__ = ["compare", "markdown_table", "parse_variant", "plot", "summarize"]
 
 
 def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = "digits", steps: int = 300,
@@ -48,21 +50,30 @@ def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = 
             if spec["flows"]:
                 emulate.contend(name=name, flows=spec["flows"])
             for rep in range(repeats):
-                for strategy in strategies:
-                    args = ["--strategy", strategy, "--task", task, "--steps", str(steps), "--seed", str(rep),
+                for k, strategy in enumerate(strategies):
+                    base, settings = parse_variant(strategy)
+                    args = ["--strategy", base, "--task", task, "--steps", str(steps), "--seed", str(rep),
                             "--eval-every", str(eval_every), "--rack-sizes", sizes, "--model-mb", str(model_mb)]
-                    if strategy == "ds-sync" and adjust_every:
+                    args += [a for kv in settings for a in ("--set", kv)]
+                    if base == "ds-sync" and adjust_every:
                         args += ["--adjust-every", str(adjust_every)]
                     try:
-                        rec = train_on_cluster(name, Path(tmp) / f"{strategy}-{rep}.json", args,
-                                               timeout_s=timeout_s)
+                        rec = train_on_cluster(name, Path(tmp) / f"{k}-{rep}.json", args, timeout_s=timeout_s)
                     except DssyncError as exc:  # one failed job loses neither the others nor itself
-                        rec = {"strategy": strategy, "error": str(exc)}
-                    rec.update({"scenario": scenario, "repeat": rep})
+                        rec = {"error": str(exc)}
+                    rec.update({"strategy": strategy, "scenario": scenario, "repeat": rep})
                     records.append(rec)
                     if progress is not None:
                         progress(rec)
     return records
+
+
+def parse_variant(spec: str) -> tuple[str, list[str]]:
+    """``"psp:push_quorum=3:pull_fraction=0.75"`` -> ``("psp", ["push_quorum=3", "pull_fraction=0.75"])``:
+    a strategy and ``dssync train --set`` settings, so one comparison can hold several
+    settings of one strategy side by side (its records keep the whole spec as ``strategy``)."""
+    name, *settings = [part.strip() for part in spec.split(":")]
+    return name, [kv for kv in settings if kv]
 
 
 def _time_to(curve: list[dict[str, float]], target: float) -> tuple[float | None, int | None]:

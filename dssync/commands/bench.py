@@ -38,7 +38,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "best accuracy and time to allreduce's target accuracy.")
     c.add_argument("--scenario", default="static", metavar="S[,S...]",
                    help="static, inter-rack, inter-rack+nic, or several, comma-separated")
-    c.add_argument("--strategies", default="allreduce,hierarchical,gossip,asp,ds-sync", metavar="A,B,...")
+    c.add_argument("--strategies", default="allreduce,hierarchical,gossip,asp,ds-sync", metavar="A,B,...",
+                   help="strategies, each optionally with settings: NAME:KEY=VALUE:... "
+                   "(e.g. psp:push_quorum=6:pull_fraction=0.75)")
     c.add_argument("--task", default="digits")
     c.add_argument("--steps", type=int, default=300)
     c.add_argument("--repeats", type=int, default=1)
@@ -228,12 +230,14 @@ def run_compare(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from dssync.bench.compare import compare, markdown_table, plot, summarize
+    from dssync.bench.compare import compare, markdown_table, parse_variant, plot, summarize
+    from dssync.commands.train import strategy_settings
     from dssync.strategies import get_strategy
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    for s in strategies:
-        get_strategy(s)  # unknown names fail here, before any network is built
+    for s in strategies:  # unknown names and bad settings fail here, before any network is built
+        name, settings = parse_variant(s)
+        get_strategy(name).Config(**strategy_settings(name, settings))
     scenarios = [s.strip() for s in args.scenario.split(",") if s.strip()]
     console = Console(stderr=True)
     records = compare(scenarios, strategies, task=args.task, steps=args.steps, repeats=args.repeats,

@@ -72,3 +72,11 @@ def test_a_failed_run_is_left_out_of_the_medians_and_named_under_the_table():
     table = markdown_table(list(rows.values()))
     assert table.splitlines()[-1] == ("Left out: inter-rack asp: 1 of 3 runs failed (the error of each is in the "
                                       "JSON records).")
+
+
+def test_a_strategy_may_carry_train_settings():
+    from dssync.bench.compare import parse_variant
+
+    assert parse_variant("allreduce") == ("allreduce", [])
+    assert parse_variant("psp:push_quorum=6:pull_fraction=0.75") == ("psp", ["push_quorum=6", "pull_fraction=0.75"])
+    assert parse_variant(" psp : delay_s=4 :") == ("psp", ["delay_s=4"])
