@@ -52,6 +52,8 @@ __all__ = [
     "format_rate",
     "leftovers",
     "load_state",
+    "parse_cpu_limit",
+    "parse_flow",
     "parse_rate",
     "run",
     "run_dssync",
@@ -124,6 +126,7 @@ class Cluster:
     nic_override: dict[int, int] = field(default_factory=dict)  # rank -> bits/s
     uplink_override: dict[int, int] = field(default_factory=dict)  # rack -> bits/s
     flows: list[dict] = field(default_factory=list)  # {"kind", "index", "port", "pid"}
+    cpu_limit: dict[int, float] = field(default_factory=dict)  # rank -> cores its processes may use
 
     @property
     def world_size(self) -> int:
@@ -229,6 +232,7 @@ def load_state(name: str = DEFAULT_NAME) -> Cluster:
     data = json.loads(path.read_text())
     data["nic_override"] = {int(k): v for k, v in data.get("nic_override", {}).items()}
     data["uplink_override"] = {int(k): v for k, v in data.get("uplink_override", {}).items()}
+    data["cpu_limit"] = {int(k): v for k, v in data.get("cpu_limit", {}).items()}
     return Cluster(**data)
 
 
@@ -360,6 +364,7 @@ def down(name: str = DEFAULT_NAME) -> list[str]:
         time.sleep(0.05)  # killed processes still hold their namespace until reaped
     for ns in sorted(names):
         _sh("ip", "netns", "del", ns, check=False)
+    _sweep_cpu_cgroups(name)
     state.unlink(missing_ok=True)
     return sorted(names)
 
@@ -379,20 +384,64 @@ def leftovers(name: str = DEFAULT_NAME) -> list[str]:
     return _existing(name)
 
 
+# -- CPU limits (compute stragglers) ---------------------------------------------------------
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CPU_PERIOD_US = 100_000
+
+
+def _cpu_cgroup(name: str, rank: int) -> Path:
+    """The cgroup that holds worker ``rank``'s processes: under the unified hierarchy
+    (cgroup v2, ``cpu.max``) or the v1 ``cpu`` controller (``cpu.cfs_quota_us``)."""
+    base = CGROUP_ROOT if (CGROUP_ROOT / "cgroup.controllers").exists() else CGROUP_ROOT / "cpu"
+    return base / f"dssync-{name}-w{rank}"
+
+
+def _limit_cpu(c: Cluster, rank: int, cores: float | None) -> None:
+    """Cap worker ``rank``'s processes at ``cores`` cores (``None``: remove the cap)."""
+    group = _cpu_cgroup(c.name, rank)
+    if cores is None:
+        with contextlib.suppress(OSError):
+            group.rmdir()
+        return
+    if not cores > 0:
+        raise ValueError(f"a CPU limit is a positive number of cores, got {cores}")
+    try:
+        group.mkdir(exist_ok=True)
+        quota = max(1000, round(cores * CPU_PERIOD_US))
+        if (group / "cpu.max").exists():
+            (group / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
+        else:
+            (group / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+            (group / "cpu.cfs_quota_us").write_text(str(quota))
+    except OSError as exc:
+        raise EmulationError(f"cannot limit worker {rank}'s CPU through {group}: {exc.strerror or exc} "
+                             "(needs root and a cgroup cpu controller)") from None
+
+
+def _sweep_cpu_cgroups(name: str) -> None:
+    """Remove the cluster's CPU cgroups (their processes are gone by now)."""
+    for group in _cpu_cgroup(name, 0).parent.glob(f"dssync-{name}-w*"):
+        with contextlib.suppress(OSError):
+            group.rmdir()
+
+
 # -- contention ------------------------------------------------------------------------------
 def contend(*, name: str = DEFAULT_NAME, rack: int | None = None, uplink: str | None = None,
             rank: int | None = None, nic: str | None = None,
             flows: Sequence[tuple[str, int]] = (), streams: int = FLOW_STREAMS,
-            clear: bool = False) -> Cluster:
+            cpu: dict[int, float] | None = None, clear: bool = False) -> Cluster:
     """Lower an uplink or NIC rate, start background flows of ``streams`` TCP streams each,
-    or ``clear`` all of it."""
+    cap workers' CPU (``cpu``: rank -> cores, a compute straggler; it applies to what
+    ``run`` starts from then on), or ``clear`` all of it."""
     if streams < 1:
         raise ValueError(f"a background flow needs at least one stream, got {streams}")
     c = load_state(name)
     if clear:
         for flow in c.flows:
             _kill_flow(flow)
-        c.flows, c.nic_override, c.uplink_override = [], {}, {}
+        for i in c.cpu_limit:
+            _limit_cpu(c, i, None)
+        c.flows, c.nic_override, c.uplink_override, c.cpu_limit = [], {}, {}, {}
         for r in range(len(c.rack_sizes)):
             _shape_uplink(c, r)
         for i in range(c.world_size):
@@ -407,10 +456,24 @@ def contend(*, name: str = DEFAULT_NAME, rack: int | None = None, uplink: str | 
             raise ValueError(f"--nic needs --rank in 0..{c.world_size - 1}, got {rank}")
         c.nic_override[rank] = parse_rate(nic)
         _shape_nic(c, rank)
+    for i, cores in (cpu or {}).items():
+        if not 0 <= i < c.world_size:
+            raise ValueError(f"CPU limit for rank {i}: ranks are 0..{c.world_size - 1}")
+        _limit_cpu(c, i, cores)
+        c.cpu_limit[i] = cores
+        _save(c)  # at once, so that `down` finds the cgroup even if a later step fails
     for kind, index in flows:
         c.flows.append(_start_flow(c, kind, index, streams))
     _save(c)
     return c
+
+
+def parse_cpu_limit(text: str) -> tuple[int, float]:
+    """``4:0.25``: worker 4's processes may use a quarter of one core."""
+    m = re.fullmatch(r"(\d+):(\d*\.?\d+)", text.strip())
+    if not m or not float(m.group(2)) > 0:
+        raise ValueError(f"cannot read CPU limit {text!r}; write RANK:CORES with CORES > 0, e.g. 4:0.25")
+    return int(m.group(1)), float(m.group(2))
 
 
 def parse_flow(text: str) -> tuple[str, int]:
@@ -501,6 +564,9 @@ def run(command: Sequence[str], *, name: str = DEFAULT_NAME, timeout_s: float | 
         env.setdefault("TORCH_CPP_LOG_LEVEL", os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"))
         argv = ["ip", "netns", "exec", c.worker_ns(rank), "env",
                 *(f"{k}={v}" for k, v in env.items()), *command]
+        if rank in c.cpu_limit:  # joins the worker's cgroup, then becomes the command (which
+            # inherits it); outside the namespace, whose own /sys has no cgroup mount
+            argv = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(_cpu_cgroup(c.name, rank)), *argv]
         procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True, bufsize=1, start_new_session=True))
 

@@ -42,6 +42,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--streams", type=int, default=None,
                    help="TCP streams per background flow (default 8: traffic of many tasks; 2 leaves "
                    "a worker about a third of a shared NIC)")
+    c.add_argument("--cpu", nargs="+", default=[], metavar="RANK:CORES",
+                   help="cap a worker's processes at CORES cores (e.g. 4:0.25), a compute straggler; "
+                   "applies to what `emulate run` starts from then on")
     c.add_argument("--clear", action="store_true", help="stop all flows, restore all rates first")
     c.set_defaults(run=_contend)
 
@@ -85,15 +88,16 @@ def _contend(args: argparse.Namespace) -> int:
     from dssync.launch import emulate
 
     flows = [emulate.parse_flow(f) for f in args.flows]
-    if not (args.clear or args.uplink or args.nic or flows):
+    cpu = dict(emulate.parse_cpu_limit(text) for text in args.cpu)
+    if not (args.clear or args.uplink or args.nic or flows or cpu):
         raise ValueError("say what to change: --rack I --uplink RATE, --rank I --nic RATE, "
-                         "--flows rack:I|rank:I|nic:I, or --clear")
+                         "--flows rack:I|rank:I|nic:I, --cpu RANK:CORES, or --clear")
     streams = emulate.FLOW_STREAMS if args.streams is None else args.streams
     c = emulate.contend(name=args.name, rack=args.rack, uplink=args.uplink, rank=args.rank,
-                        nic=args.nic, flows=flows, streams=streams, clear=args.clear)
+                        nic=args.nic, flows=flows, streams=streams, cpu=cpu, clear=args.clear)
     flows_now = [f"{f['kind']}:{f['index']} x{f.get('streams', '?')}" for f in c.flows]
     print(f"contention on {args.name!r}: uplinks {c.uplink_override or 'nominal'}, "
-          f"NICs {c.nic_override or 'nominal'}, flows {flows_now}")
+          f"NICs {c.nic_override or 'nominal'}, flows {flows_now}, CPU limits {c.cpu_limit or 'none'}")
     return 0
 
 

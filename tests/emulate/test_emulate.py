@@ -168,3 +168,30 @@ def test_sigterm_brings_the_cluster_down(name):
     assert emulate.leftovers(name) == []
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert f"{name}-" not in ps
+
+
+def test_a_cpu_limit_puts_the_workers_processes_in_a_capped_cgroup_and_down_removes_it(name):
+    with emulate.cluster([2], nic="200mbit", uplink="200mbit", name=name) as c:
+        emulate.contend(name=name, cpu={1: 0.2})
+        group = emulate._cpu_cgroup(name, 1)
+        quota = (group / "cpu.max").read_text().split()[0] if (group / "cpu.max").exists() else \
+            (group / "cpu.cfs_quota_us").read_text().strip()
+        assert quota == "20000"  # 0.2 of a 100 ms period
+        out = io.StringIO()
+        assert emulate.run(["cat", "/proc/self/cgroup"], name=name, out=out) == 0
+        lines = out.getvalue().splitlines()
+        assert any(f"dssync-{name}-w1" in line for line in lines if line.startswith("[w1]")), lines
+        assert not any(f"dssync-{name}-" in line for line in lines if line.startswith("[w0]")), lines
+        assert emulate.load_state(name).cpu_limit == {1: 0.2}
+        with pytest.raises(ValueError, match="ranks are 0..1"):
+            emulate.contend(name=name, cpu={5: 0.5})
+        assert c.world_size == 2
+    assert not group.exists()  # down took the cgroup with it
+
+
+def test_cpu_limits_are_read_as_rank_and_cores():
+    assert emulate.parse_cpu_limit("4:0.25") == (4, 0.25)
+    assert emulate.parse_cpu_limit(" 0:1 ") == (0, 1.0)
+    for bad in ("4", "x:0.5", "4:0", "4:-1"):
+        with pytest.raises(ValueError, match="RANK:CORES"):
+            emulate.parse_cpu_limit(bad)
