@@ -251,6 +251,12 @@ class ParameterServer:
         """Overwrite the parameter buffer with every shard's current parameters."""
         self._exchange(_PULL, -1, None)
 
+    def pull_settled(self) -> None:
+        """Collective: once every worker has stopped pushing (a barrier), pull, so every
+        push of every worker is in what this worker reads."""
+        self.comm.barrier()
+        self.pull()
+
     def close(self) -> None:
         """Tell every shard this worker is done, then wait (bounded) until this rank's shard
         has heard the same from every worker, so that no server thread is still inside a

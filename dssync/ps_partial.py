@@ -355,6 +355,17 @@ class PartialServer(ParameterServer):
             raise CommunicationError(f"rank {self.rank}: telling the shards it is "
                                      f"{'idle' if idle else 'back'}: {exc or type(exc).__name__}") from None
 
+    def pull_settled(self) -> None:
+        """Collective: leave the rounds, wait for every worker (barrier), pull every shard's
+        block, and come back once every worker has read its blocks. Leaving first lets a
+        worker still pushing close its rounds alone rather than wait for a quorum of
+        workers that are in this barrier."""
+        self.set_idle(True)
+        self.comm.barrier()
+        self.pull()
+        self.comm.barrier()
+        self.set_idle(False)
+
     def stats(self) -> dict[str, object]:
         """This rank's shard: rounds closed, the workers each applied, stale pushes dropped,
         block messages delayed."""

@@ -38,6 +38,8 @@ class StrategyContext:
     topology: Topology
     schedule: Schedule | None = None
     """A schedule to follow; strategies that plan their own ignore it if ``None``."""
+    steps: int | None = None
+    """The iterations the run will take, for strategies that act at a point of the workload."""
 
 
 class Strategy(ABC):  # noqa: B024 - every hook has a no-op default

@@ -94,7 +94,7 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
     model = task.model
     cls = get_strategy(cfg.strategy)
     strategy = cls(
-        StrategyContext(comm=comm, model=model, topology=topology, schedule=cfg.schedule),
+        StrategyContext(comm=comm, model=model, topology=topology, schedule=cfg.schedule, steps=cfg.steps),
         cls.Config(**cfg.strategy_options),
     )
     optimizer = strategy.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum))

@@ -66,7 +66,7 @@ def test_plan_rejects_malformed_topologies(tmp_path, content, needle):
 
 def test_train_rejects_bad_input_before_starting_ranks(tmp_path):
     assert_one_line_error(dssync("train", "--strategy", "nope", "--nproc", "2"),
-                          "unknown strategy 'nope'", "allreduce, asp, ds-sync, gossip, hierarchical, local-sgd, psp, ssp")
+                          "unknown strategy 'nope'", "allreduce, asp, ds-sync, gossip, hierarchical, local-sgd, psp, ssp, sync-switch")
     assert_one_line_error(dssync("train", "--strategy", "ds-sync", "--task", "imagenet", "--nproc", "2"),
                           "unknown task 'imagenet'")
     topo = tmp_path / "topology.json"
@@ -129,6 +129,7 @@ def test_probe_backends_rejects_bad_input_before_building_anything(args, needle)
     (["--strategy", "psp", "--set", "pull_fraction=1.5"], "pull_fraction must be in (0, 1]"),
     (["--strategy", "ssp", "--set", "staleness"], "write KEY=VALUE"),
     (["--strategy", "ssp", "--set", "staleness=-1"], "staleness must be 0 or more"),
+    (["--strategy", "sync-switch", "--set", "switch_at=2"], "switch_at is a fraction of the workload in [0, 1]"),
 ])
 def test_train_rejects_bad_strategy_settings(args, needle):
     proc = dssync("train", "--nproc", "2", "--steps", "1", *args)

@@ -86,8 +86,7 @@ class ASPStrategy(Strategy):
 
     def final_model(self) -> nn.Module:
         assert self.server is not None, "setup() first"
-        self.comm.barrier()  # every push of every worker has been answered, so applied
-        self.server.pull()
+        self.server.pull_settled()  # every push of every worker has been answered, so applied
         return copy.deepcopy(self.model)
 
     def close(self) -> None:

@@ -17,10 +17,7 @@ delays of the shards' block messages (the paper's fault model) are injected with
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
-
-from torch import nn
 
 from dssync.ps import ParameterServer
 from dssync.ps_partial import PartialServer
@@ -67,19 +64,6 @@ class PSPStrategy(ASPStrategy):
         return PartialServer(self.comm, self._flat, push_quorum=c.push_quorum or None,
                              pull_fraction=c.pull_fraction, tau1_s=c.tau1_s, tau2_s=c.tau2_s,
                              delay_prob=c.delay_prob, delay_s=c.delay_s, seed=c.seed, **settings)
-
-    def final_model(self) -> nn.Module:
-        """The shards' blocks after every worker has stopped pushing (collective). Each
-        worker leaves the rounds first, so a worker still pushing closes its rounds alone
-        instead of waiting for a quorum of workers that are in this barrier."""
-        assert isinstance(self.server, PartialServer), "setup() first"
-        self.server.set_idle(True)
-        self.comm.barrier()
-        self.server.pull()
-        model = copy.deepcopy(self.model)
-        self.comm.barrier()  # every worker has its blocks before any pushes again
-        self.server.set_idle(False)
-        return model
 
     def stats(self) -> dict[str, object]:
         assert isinstance(self.server, PartialServer), "setup() first"

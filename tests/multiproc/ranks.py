@@ -192,3 +192,30 @@ def psp_pushes(comm, numel: int, steps: int, quorum, fraction: float, slow_rank=
     comm.barrier()
     ps.close()  # returns once this shard has read every worker's last message: the stats are final
     return seen, ps.stats(), torch.from_numpy(ps._shard.params.copy()), final
+
+
+def sync_switch_run(comm, steps: int, switch_at: float, momentum: float):
+    """``sync-switch`` on a 3 x 2 linear layer whose gradient at step t is ``(r + 1) * (t + 1)``
+    on rank r in the BSP phase and ``t + 1`` on every rank in the ASP phase (lr 0.1), so the
+    ASP pushes of one step commute. Returns the parameters after setup and after each step,
+    the handed-back parameters and the stats."""
+    from dssync.strategies import SyncSwitchStrategy
+
+    model = nn.Linear(3, 2)
+    strategy = SyncSwitchStrategy(StrategyContext(comm=comm, model=model, topology=Topology.from_rack_sizes(
+        [comm.world_size]), steps=steps), SyncSwitchStrategy.Config(switch_at=switch_at))
+    optimizer = strategy.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum))
+    strategy.setup()
+    start = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    after = []
+    for step in range(steps):
+        scale = (comm.rank + 1) if strategy.phase == "bsp" else 1
+        for p in model.parameters():
+            p.grad = torch.full_like(p, float(scale * (step + 1)))
+        strategy.before_step(step)
+        optimizer.step()
+        strategy.after_step(step)
+        after.append(torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone())
+    final = torch.nn.utils.parameters_to_vector(strategy.final_model().parameters()).detach().clone()
+    strategy.close()
+    return start, after, final, strategy.stats()

@@ -10,6 +10,7 @@ from ranks import (
     ps_with_a_silent_worker,
     psp_pushes,
     seeded_vector,
+    sync_switch_run,
 )
 
 from dssync.errors import DssyncError
@@ -149,3 +150,31 @@ def test_psp_partial_pull_goes_on_without_a_delayed_shard():
     assert stats1["rounds"] == 1 and stats1["dropped"] == n * (steps - 1) and stats1["delayed"] >= 1
     first = -sum(r + 1 for r in range(n)) / n
     torch.testing.assert_close(out[1][2], torch.full_like(out[1][2], first))
+
+
+def test_sync_switch_trains_bsp_then_hands_the_shards_to_asp():
+    """3 workers, 4 steps, switch after 3 (momentum 0.5, lr 0.1). BSP: each step moves every
+    parameter by lr times the velocity of the mean gradient, as allreduce would. ASP: the
+    shards start from k times that velocity (the same step in parameter units) and apply
+    each of the last step's k equal pushes at once with lr / k."""
+    n, lr, m = 3, 0.1, 0.5
+    out = run_ranks(sync_switch_run, 4, 0.75, m, nproc=n, timeout_s=60)
+    start = out[0][0]
+    velocity, want = 0.0, start.clone()
+    for t in range(3):
+        velocity = m * velocity + (t + 1) * (n + 1) / 2  # the mean of (r + 1)(t + 1)
+        want -= lr * velocity
+        for _, after, _, _ in out:
+            torch.testing.assert_close(after[t], want)
+
+    def asp_step(buf: float) -> torch.Tensor:
+        moved = 0.0
+        for _ in range(n):  # k pushes of the gradient 4 (step 3), in any order
+            buf = m * buf + 4.0
+            moved += lr / n * buf
+        return want - moved
+
+    for _, _, final, stats in out:
+        assert stats == {"switch_step": 3, "switch_s": stats["switch_s"], "phase": "asp"} and stats["switch_s"] > 0
+        torch.testing.assert_close(final, asp_step(n * velocity))
+        assert not torch.allclose(final, asp_step(0.0))  # a switch that dropped the momentum would differ
