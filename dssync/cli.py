@@ -9,12 +9,12 @@ import sys
 from collections.abc import Sequence
 
 from dssync import __version__
-from dssync.commands import bench, demo, emulate, plan, probe, simulate, train
+from dssync.commands import bench, demo, emulate, plan, probe, simulate, train, tune
 from dssync.errors import DssyncError
 
 __all__ = ["Terminated", "main", "raise_on_sigterm"]
 
-_COMMANDS = (demo, train, plan, bench, emulate, probe, simulate)
+_COMMANDS = (demo, train, plan, bench, emulate, probe, simulate, tune)
 
 
 class Terminated(BaseException):

@@ -222,3 +222,22 @@ def test_plan_paces_the_racks_on_request(tmp_path):
     assert crossing == [0, 4, 8, 12]
     bad = dssync("plan", topo, "--out", out, "--pace", "0")
     assert bad.returncode != 0 and "pace must be 1" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_tune_sync_switch_writes_a_policy_that_a_recurring_job_reuses(tmp_path):
+    policy = tmp_path / "policy.json"
+    proc = dssync("tune", "sync-switch", "--steps", "20", "--nproc", "2", "--settings", "1", "--out", policy)
+    assert proc.returncode == 0, proc.stderr
+    first = json.loads(policy.read_text())
+    assert [t["switch_at"] for t in first["trials"]] == [1.0, 0.5]  # pure BSP for the target, then the middle
+    assert first["target_accuracy"] == first["trials"][0]["accuracy"] > 0.1
+    assert first["switch_at"] in (0.5, 1.0) and "--set switch_at=" in proc.stdout
+    again = tmp_path / "again.json"
+    proc = dssync("tune", "sync-switch", "--steps", "20", "--nproc", "2", "--settings", "1", "--reuse", policy,
+                  "--out", again)
+    assert proc.returncode == 0, proc.stderr
+    reused = json.loads(again.read_text())
+    assert [t["switch_at"] for t in reused["trials"]] == [0.5]  # no BSP trial: the target is known
+    assert reused["target_accuracy"] == first["target_accuracy"]
+    proc = dssync("tune", "sync-switch", "--steps", "30", "--nproc", "2", "--reuse", policy)
+    assert proc.returncode == 2 and "tuned for another job: {'steps': (20, 30)}" in proc.stderr
