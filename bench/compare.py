@@ -32,10 +32,11 @@ __all__ = ["compare", "markdown_table", "parse_variant", "plot", "summarize"]
 
 def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = "digits", steps: int = 300,
             repeats: int = 1, eval_every: int = 10, adjust_every: int = 25, model_mb: float = 1.0,
-            name: str = "cmp", timeout_s: float = 1800.0,
+            name: str = "cmp", timeout_s: float = 1800.0, cpu: dict[int, float] | None = None,
             progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Train every strategy on every scenario; one ``train --json`` record per run, plus
-    ``scenario`` and ``repeat``."""
+    ``scenario`` and ``repeat``. ``cpu`` caps workers' CPU (rank -> cores): stragglers on
+    top of the scenario's network."""
     unknown = [s for s in scenarios if s not in emulate.SCENARIOS]
     if unknown:
         raise ValueError(f"unknown scenario {unknown[0]!r}; choose from {', '.join(emulate.SCENARIOS)}")
@@ -47,8 +48,8 @@ def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = 
         sizes = ",".join(map(str, spec["rack_sizes"]))
         with emulate.cluster(spec["rack_sizes"], nic=spec["nic"], uplink=spec["uplink"], name=name), \
                 tempfile.TemporaryDirectory() as tmp:
-            if spec["flows"]:
-                emulate.contend(name=name, flows=spec["flows"])
+            if spec["flows"] or cpu:
+                emulate.contend(name=name, flows=spec["flows"], cpu=cpu)
             for rep in range(repeats):
                 for k, strategy in enumerate(strategies):
                     base, settings = parse_variant(strategy)

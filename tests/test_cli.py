@@ -180,6 +180,7 @@ def test_bench_allreduce_rejects_bad_input_before_starting_ranks(args, needle):
     (["--strategies", "allreduce,nope"], "unknown strategy 'nope'"),
     (["--strategies", "psp:pull_fraction=0"], "pull_fraction must be in (0, 1]"),
     (["--strategies", "psp:c=3"], "psp has the settings"),
+    (["--cpu", "4"], "write RANK:CORES"),
     (["--repeats", "0"], "repeats, steps and eval_every must be positive"),
 ])
 def test_bench_compare_rejects_bad_input_before_building_anything(args, needle):
