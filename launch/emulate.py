@@ -10,9 +10,8 @@ Layout (DESIGN section 6)::
 
 Every device lives inside a namespace this module creates (the bridges and uplinks in
 ``<name>-fab``), so deleting the namespaces removes every veth, bridge and qdisc, and the
-host's own network is never touched. ``tbf`` shapes each host's NIC in both directions
-(egress of ``eth0`` in the worker, egress of ``w<i>`` towards it; the background hosts'
-likewise, at the workers' rate) and each rack uplink in
+host's own network is never touched. ``tbf`` shapes each worker NIC in both directions
+(egress of ``eth0`` in the worker, egress of ``w<i>`` towards it) and each rack uplink in
 both directions (``up<r>`` rack to spine, ``s<r>`` spine to rack). Contention is a rate
 change or real background ``iperf3`` flows from the rack's background namespace, or from a
 worker's own namespace (sharing its NIC), to servers in the sink namespace.
@@ -261,19 +260,6 @@ def _shape_nic(c: Cluster, rank: int) -> None:
     _shape(c.fabric, f"w{rank}", rate)  # rack -> worker
 
 
-def _shape_background_host(c: Cluster, rack: int) -> None:
-    """The background host of ``rack`` has a NIC of the cluster's rate, like any host.
-
-    Unshaped, its iperf3 streams reach the rack's uplink at the veth's speed in bursts of
-    whole windows; the ``QUEUE_MS`` queue there drops them by the hundred, the streams back
-    off together, and the job's one paced flow across the uplink swung between 5 % and 60 %
-    of the link within ten seconds (13,690 retransmissions). Behind a 1 Gbit/s NIC the
-    same flow held 1/6 to 1/9 of the link (510 retransmissions): another job's host
-    cannot send faster than its own NIC either."""
-    _shape(c.bg_ns(rack), "eth0", c.nic_bps)  # background host -> rack
-    _shape(c.fabric, f"b{rack}", c.nic_bps)  # rack -> background host
-
-
 def _shape_uplink(c: Cluster, rack: int) -> None:
     rate = c.uplink_override.get(rack, c.uplink_bps)
     _shape(c.fabric, f"up{rack}", rate)  # rack -> spine
@@ -337,7 +323,6 @@ def _build(c: Cluster) -> None:
             _shape_nic(c, rank)
             rank += 1
         _attach(c, c.bg_ns(rack), f"b{rack}", bridge, c.bg_addr(rack))
-        _shape_background_host(c, rack)
     _attach(c, c.sink_ns, "k0", "br-spine", c.SINK_ADDR)
 
 

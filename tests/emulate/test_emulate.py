@@ -43,10 +43,6 @@ def test_nics_and_uplinks_are_shaped_and_contention_is_real(name):
     with emulate.cluster([2, 2], nic="200mbit", uplink="200mbit", name=name) as c:
         intra, cross = iperf_mbps(c, 0, 1), iperf_mbps(c, 0, 2)
         assert 150 < intra < 215 and 150 < cross < 215  # tbf at 200 Mbit/s
-        for ns, dev in [(c.bg_ns(0), "eth0"), (c.fabric, "b0"), (c.bg_ns(1), "eth0"), (c.fabric, "b1")]:
-            qdisc = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", dev], capture_output=True, text=True,
-                                   check=True).stdout
-            assert "tbf" in qdisc and "rate 200Mbit" in qdisc, (ns, dev, qdisc)  # background hosts too
         emulate.contend(name=name, rack=0, uplink="50mbit")
         assert 35 < iperf_mbps(c, 0, 2) < 55  # across the lowered uplink
         assert 150 < iperf_mbps(c, 0, 1) < 215  # inside the rack: untouched
