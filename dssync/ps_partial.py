@@ -28,7 +28,14 @@ Choices the paper leaves open (digest section 3.5), made here:
 2. **Blocks**: one contiguous, equal-size block per shard (``shard_bounds``); ``b`` is
    rounded up to whole shards, ``c`` is a count of workers.
 3. **Timeouts**: ``tau1`` starts at the ``c``-th push that joined the round; ``tau2`` at the
-   ``ceil(b * S)``-th fresh block. "Every worker pushed" counts joined pushes only.
+   ``ceil(b * S)``-th fresh block. "Every worker responded" counts stale pushes too: a
+   round with at least one joined push closes once every active worker has pushed since
+   it opened. Counting joined pushes only stalls: workers whose blocks of some shards are
+   stale (``b < 1``) push stale gradients there, those shards wait for fresh ones from
+   workers that wait for their blocks, and with 8 workers, ``c = 5``, ``b = 0.75`` and 10 %
+   of blocks delayed by 1 s, two runs of three stopped until their timeout. With the
+   stale pushes counted, the worker that pushed earliest among any that wait has pushed
+   to every round they wait on, so some round always closes.
 4. **Timestamps**: a shard's version is its round; workers never run ahead of the
    versions they hold, so "a push from the future" cannot occur and nothing else bounds
    drift (a worker with stale blocks keeps pushing stale gradients there until a block
@@ -85,7 +92,9 @@ class RoundShard:
         self.version = 0
         self.sum = np.zeros_like(params)
         self.joined: set[int] = set()
+        self.responded: set[int] = set()  # workers that pushed anything while this round was open
         self.active: set[int] = set(range(num_workers))
+        self._timer_round = -1
         self.dropped = 0
         self.joined_by_round: list[list[int]] = []  # the workers each closed round applied
         self.lock = threading.Lock()
@@ -94,33 +103,40 @@ class RoundShard:
     def push(self, worker: int, version: int, grad: np.ndarray) -> None:
         """A worker's gradient computed on ``version``: joins the open round or is dropped."""
         with self.lock:
+            self.responded.add(worker)
             if version != self.version or worker in self.joined:
                 self.dropped += 1
-                return
-            self.sum += grad
-            self.joined.add(worker)
-            need = self._need()
-            if len(self.joined) == len(self.active | self.joined) or (len(self.joined) == need and self.tau1_s <= 0):
-                self._close()
-            elif len(self.joined) == need:
-                round_ = self.version
-                timer = threading.Timer(self.tau1_s, self._close_if, args=(round_,))
-                timer.daemon = True
-                timer.start()
+            else:
+                self.sum += grad
+                self.joined.add(worker)
+            self._maybe_close()
 
     def _need(self) -> int:
         """Pushes that close the round: c, or fewer when fewer workers can still push (the
         others are idle: in an evaluation's collective, or done)."""
         return max(1, min(self.quorum, len(self.active | self.joined)))
 
+    def _maybe_close(self) -> None:
+        """Close the round (lock held) once it holds c pushes (after ``tau1`` more seconds),
+        or at once when every active worker has pushed since it opened, stale pushes
+        included: a worker whose blocks are stale pushes stale gradients, and a round that
+        waited for its fresh ones could wait on a worker that waits on this shard's block."""
+        if not self.joined:
+            return
+        if self.active <= self.responded or (len(self.joined) >= self._need() and self.tau1_s <= 0):
+            self._close()
+        elif len(self.joined) >= self._need() and self._timer_round != self.version:
+            self._timer_round = self.version
+            timer = threading.Timer(self.tau1_s, self._close_if, args=(self.version,))
+            timer.daemon = True
+            timer.start()
+
     def set_active(self, worker: int, active: bool) -> None:
         """A worker stops pushing for a while (``False``) or comes back. An idle worker's
-        absence must not hold a round open: with fewer workers left than c, the round closes
-        on the pushes it has."""
+        absence must not hold a round open."""
         with self.lock:
             (self.active.add if active else self.active.discard)(worker)
-            if self.joined and len(self.joined) >= self._need():
-                self._close()
+            self._maybe_close()
 
     def _close_if(self, round_: int) -> None:
         with self.lock:
@@ -139,6 +155,7 @@ class RoundShard:
         self.version += 1
         self.sum[:] = 0
         self.joined.clear()
+        self.responded.clear()
         self._on_round(self.params.copy(), self.version)
 
 

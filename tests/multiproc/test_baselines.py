@@ -119,16 +119,15 @@ def test_psp_with_every_push_and_every_block_is_synchronous_sgd():
 
 
 def test_psp_closes_a_round_on_the_first_c_pushes_and_drops_stale_ones():
-    """c = 2 of 3 with rank 2 slow: every round applies exactly two workers until only one
-    worker is still pushing (the others done and idle); its rounds then close on its push alone. Every push
+    """c = 2 of 3 with rank 2 slow: a round closes on two pushes, or on fewer once every
+    active worker has pushed since it opened (stale pushes count) or only one is left. Every push
     is applied or dropped as stale, and each block is its rounds' sum / k."""
     n, steps, numel = 3, 6, 64
     out = run_ranks(psp_pushes, numel, steps, 2, 1.0, 2, None, False, nproc=n, timeout_s=60)
     for _, stats, block, _ in out:
         joined = stats["joined"]
-        first_alone = next((k for k, j in enumerate(joined) if len(j) == 1), len(joined))
-        assert all(len(j) == 2 for j in joined[:first_alone]), joined
-        assert all(j == joined[first_alone] for j in joined[first_alone:]), joined  # the last worker left
+        assert all(1 <= len(j) <= 2 for j in joined), joined  # never more than c
+        assert sum(len(j) == 2 for j in joined) >= len(joined) // 2, joined  # mostly on c while all push
         assert sum(len(j) for j in joined) + stats["dropped"] == n * steps, stats
         want = -sum(r + 1 for j in joined for r in j) / n
         torch.testing.assert_close(block, torch.full_like(block, want))
@@ -178,3 +177,18 @@ def test_sync_switch_trains_bsp_then_hands_the_shards_to_asp():
         assert stats == {"switch_step": 3, "switch_s": stats["switch_s"], "phase": "asp"} and stats["switch_s"] > 0
         torch.testing.assert_close(final, asp_step(n * velocity))
         assert not torch.allclose(final, asp_step(0.0))  # a switch that dropped the momentum would differ
+
+
+def test_psp_with_stale_blocks_and_delays_does_not_stall():
+    """8 workers, c = 5, b = 0.75, 10 % of block messages delayed by 1 s: workers push stale
+    gradients for the shards whose blocks they skipped. Rounds that waited only for fresh
+    pushes stalled here (two of three runs until the timeout); every run must finish."""
+    from dssync.train import TrainConfig, train
+
+    record = train(TrainConfig(strategy="psp", task="digits", steps=60, seed=2, eval_every=20, timeout_s=60,
+                               strategy_options={"push_quorum": 5, "pull_fraction": 0.75, "delay_prob": 0.1,
+                                                 "delay_s": 1.0}), nproc=8)
+    shards = record["strategy_stats"]
+    assert record["final_accuracy"] > 0.7
+    assert all(s["rounds"] > 0 and all(1 <= len(j) <= 5 for j in s["joined"]) for s in shards)
+    assert sum(s["delayed"] for s in shards) > 0 and sum(s["dropped"] for s in shards) > 0
