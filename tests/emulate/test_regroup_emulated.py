@@ -16,18 +16,23 @@ pytestmark = pytest.mark.emulate
 DSSYNC = str(Path(sys.executable).with_name("dssync"))
 
 
-def test_ds_sync_pairs_the_contended_nic_by_itself(name, tmp_path):
-    spec = emulate.SCENARIOS["inter-rack+nic"]
+def regrouping_run(scenario, name, tmp_path, *args):
+    """The record of a ds-sync job regrouping every 20 steps on ``scenario`` (synthetic task)."""
+    spec = emulate.SCENARIOS[scenario]
     out = tmp_path / "run.json"
     with emulate.cluster(spec["rack_sizes"], nic=spec["nic"], uplink=spec["uplink"], name=name):
         emulate.contend(name=name, flows=spec["flows"])
         proc = subprocess.run([DSSYNC, "emulate", "run", "--name", name, "--timeout", "400", "--",
                                DSSYNC, "train", "--strategy", "ds-sync", "--task", "synthetic",
-                               "--model-mb", "0.5", "--rack-sizes", "5,3", "--adjust-every", "20",
-                               "--steps", "60", "--no-progress", "--timeout", "120", "--json", str(out)],
+                               "--rack-sizes", ",".join(map(str, spec["rack_sizes"])), "--adjust-every", "20",
+                               *args, "--no-progress", "--timeout", "120", "--json", str(out)],
                               capture_output=True, text=True, timeout=460)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    record = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_ds_sync_pairs_the_contended_nic_by_itself(name, tmp_path):
+    record = regrouping_run("inter-rack+nic", name, tmp_path, "--model-mb", "0.5", "--steps", "60")
     changes = record["schedule_changes"]
     assert changes[0]["reason"] == "initial" and len(changes) >= 2, changes
     first = changes[1]
@@ -62,17 +67,7 @@ def test_ds_sync_paces_the_racks_behind_a_contended_uplink(name, tmp_path):
     """``inter-rack``: the single cross-rack pair gets a fraction of rack 0's uplink against the
     background streams, several times an intra-rack group's time, so the first regrouping
     lets the racks exchange only every few rounds (dssync's pace; the racks stay as planned)."""
-    spec = emulate.SCENARIOS["inter-rack"]
-    out = tmp_path / "run.json"
-    with emulate.cluster(spec["rack_sizes"], nic=spec["nic"], uplink=spec["uplink"], name=name):
-        emulate.contend(name=name, flows=spec["flows"])
-        proc = subprocess.run([DSSYNC, "emulate", "run", "--name", name, "--timeout", "400", "--",
-                               DSSYNC, "train", "--strategy", "ds-sync", "--task", "synthetic",
-                               "--model-mb", "1", "--rack-sizes", "4,4", "--adjust-every", "20",
-                               "--steps", "40", "--no-progress", "--timeout", "120", "--json", str(out)],
-                              capture_output=True, text=True, timeout=460)
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    changes = json.loads(out.read_text())["schedule_changes"]
+    changes = regrouping_run("inter-rack", name, tmp_path, "--model-mb", "1", "--steps", "40")["schedule_changes"]
     assert len(changes) >= 2 and "racks exchange every" in changes[1]["reason"], changes[1:]
     pace = int(changes[1]["reason"].split("racks exchange every ")[1].split()[0])
     assert 2 <= pace <= 4
