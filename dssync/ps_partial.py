@@ -373,15 +373,21 @@ class PartialServer(ParameterServer):
                                      f"{'idle' if idle else 'back'}: {exc or type(exc).__name__}") from None
 
     def pull_settled(self) -> None:
-        """Collective: leave the rounds, wait for every worker (barrier), pull every shard's
-        block, and come back once every worker has read its blocks. Leaving first lets a
-        worker still pushing close its rounds alone rather than wait for a quorum of
-        workers that are in this barrier."""
+        """Collective: leave the rounds, wait for every worker (barrier), come back, pull
+        every shard's block, and wait for every worker again.
+
+        Leaving first lets a worker still pushing close its rounds alone rather than wait
+        for a quorum of workers that are in this barrier. Coming back goes out before the
+        pull on each connection, so a shard's answer to the pull means it has this worker
+        back; after the second barrier every shard has every worker back before anyone
+        pushes. (Coming back after the barrier instead let the first worker's next push
+        find itself the only active worker, close the round alone, and run ahead of the
+        others; one run of sync-switch with two CPU stragglers stalled that way.)"""
         self.set_idle(True)
         self.comm.barrier()
+        self.set_idle(False)
         self.pull()
         self.comm.barrier()
-        self.set_idle(False)
 
     def stats(self) -> dict[str, object]:
         """This rank's shard: rounds closed, the workers each applied, stale pushes dropped,

@@ -77,6 +77,7 @@ class SyncSwitchStrategy(ASPStrategy):
         """Hand the BSP shards' state to ASP shards (collective), timed."""
         assert isinstance(self.server, PartialServer) and self._settings is not None, "setup() first"
         t0 = time.perf_counter()
+        self.server.set_idle(True)  # no BSP round waits for a worker that is switching
         self.comm.barrier()  # every worker's last BSP round has closed and been read
         momentum = self.server._shard.momentum_buf * self.comm.world_size
         self.server.close()
