@@ -445,11 +445,18 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
 
     phases = []
     if len(set(racks)) > 1:
-        for rack in range(max(racks) + 1):
-            egress = _uplink_aggregate(comm, link, racks, rack, True, cfg, payload)
-            ingress = _uplink_aggregate(comm, link, racks, rack, False, cfg, payload)
-            phases.append({"rack": rack, "egress_gbps": round(egress["gbps"], 4),
-                           "ingress_gbps": round(ingress["gbps"], 4), "flows": egress["flows"]})
+        # Two passes over the racks, each rack's best kept: a burst of CPU work on a busy
+        # host only ever makes a link look slower, while a contended uplink is slow in both
+        # passes. With one pass, an uncontended rack of the 3,2,4 layout once measured
+        # 0.28 Gbit/s against the contended rack's 0.33 and was flagged with it.
+        for _ in range(2):
+            for rack in range(max(racks) + 1):
+                egress = _uplink_aggregate(comm, link, racks, rack, True, cfg, payload)
+                ingress = _uplink_aggregate(comm, link, racks, rack, False, cfg, payload)
+                if len(phases) <= rack:
+                    phases.append({"rack": rack, "egress_gbps": 0.0, "ingress_gbps": 0.0, "flows": egress["flows"]})
+                phases[rack]["egress_gbps"] = max(phases[rack]["egress_gbps"], round(egress["gbps"], 4))
+                phases[rack]["ingress_gbps"] = max(phases[rack]["ingress_gbps"], round(ingress["gbps"], 4))
     contention: dict[str, Any] = dict(classify_contention(
         bandwidth_gbps, racks, [p["egress_gbps"] for p in phases] if phases else None, hosts=hosts))
     contention["uplink_aggregates"] = phases
