@@ -255,7 +255,8 @@ class DSSyncStrategy(Strategy):
             return
         self.swa_model.update_parameters(self.model)
         every = self.config.adjust_every
-        if every and (step + 1) % every == 0:
+        last = self.ctx.steps is not None and step + 1 >= self.ctx.steps
+        if every and (step + 1) % every == 0 and not last:  # no plan for iterations that never run
             self.regroup(step + 1)
 
     def _plan(self, topology: Topology, pace: int = 1) -> Schedule:
