@@ -33,15 +33,24 @@ __all__ = ["compare", "markdown_table", "parse_variant", "plot", "summarize"]
 def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = "digits", steps: int = 300,
             repeats: int = 1, eval_every: int = 10, adjust_every: int = 25, model_mb: float = 1.0,
             name: str = "cmp", timeout_s: float = 1800.0, cpu: dict[int, float] | None = None,
+            episodes: Sequence[emulate.Episode] = (),
             progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Train every strategy on every scenario; one ``train --json`` record per run, plus
     ``scenario`` and ``repeat``. ``cpu`` caps workers' CPU (rank -> cores): stragglers on
-    top of the scenario's network."""
+    top of the scenario's network; ``episodes`` are transient stragglers, the same in every
+    run (``emulate.run``)."""
     unknown = [s for s in scenarios if s not in emulate.SCENARIOS]
     if unknown:
         raise ValueError(f"unknown scenario {unknown[0]!r}; choose from {', '.join(emulate.SCENARIOS)}")
     if repeats < 1 or steps < 1 or eval_every < 1:
         raise ValueError(f"repeats, steps and eval_every must be positive, got {repeats}, {steps}, {eval_every}")
+    for scenario in scenarios:  # before any network is built
+        workers = sum(emulate.SCENARIOS[scenario]["rack_sizes"])
+        for e in episodes:
+            if e.rank >= workers:
+                raise ValueError(f"episode {e}: scenario {scenario!r} has workers 0..{workers - 1}")
+    if any(e.delay is not None for e in episodes):
+        emulate.check_netem()
     records = []
     for scenario in scenarios:
         spec = emulate.SCENARIOS[scenario]
@@ -59,7 +68,8 @@ def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = 
                     if base == "ds-sync" and adjust_every:
                         args += ["--adjust-every", str(adjust_every)]
                     try:
-                        rec = train_on_cluster(name, Path(tmp) / f"{k}-{rep}.json", args, timeout_s=timeout_s)
+                        rec = train_on_cluster(name, Path(tmp) / f"{k}-{rep}.json", args, timeout_s=timeout_s,
+                                               episodes=episodes)
                     except DssyncError as exc:  # one failed job loses neither the others nor itself
                         rec = {"error": str(exc)}
                     rec.update({"strategy": strategy, "scenario": scenario, "repeat": rep})

@@ -27,10 +27,12 @@ from dssync.launch import emulate
 __all__ = ["compare_overlap", "train_on_cluster"]
 
 
-def train_on_cluster(name: str, out: Path, train_args: Sequence[str], *, timeout_s: float) -> dict[str, Any]:
-    """``dssync emulate run -- dssync train ... --json OUT`` on cluster ``name``; its record."""
+def train_on_cluster(name: str, out: Path, train_args: Sequence[str], *, timeout_s: float,
+                     episodes: Sequence[emulate.Episode] = ()) -> dict[str, Any]:
+    """``dssync emulate run [--episode SPEC ...] -- dssync train ... --json OUT`` on cluster
+    ``name``; its record."""
     return emulate.run_dssync(name, ["train", "--no-progress", *train_args, "--json", str(out)], out,
-                              timeout_s=timeout_s)
+                              timeout_s=timeout_s, episodes=episodes)
 
 
 def compare_overlap(rack_sizes: Sequence[int], *, nic: str, uplink: str, flows: Sequence[tuple[str, int]] = (),

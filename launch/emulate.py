@@ -33,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,9 @@ __all__ = [
     "SCENARIOS",
     "Cluster",
     "EmulationError",
+    "Episode",
+    "check_episodes",
+    "check_netem",
     "check_support",
     "cluster",
     "contend",
@@ -52,6 +55,7 @@ __all__ = [
     "leftovers",
     "load_state",
     "parse_cpu_limit",
+    "parse_episode",
     "parse_flow",
     "parse_rate",
     "run",
@@ -247,17 +251,41 @@ def _shape(ns: str, dev: str, bits_per_s: int) -> None:
 
     The queue holds at most ``QUEUE_MS`` of traffic, a shallow switch buffer: a deep one
     (tens of ms) would delay the ACKs that cross a contended link the other way, and slow
-    the clear direction as much as the contended one.
+    the clear direction as much as the contended one. Its handle is ``1:``, so that a delay
+    episode's ``netem`` can take the place of its FIFO (``parent 1:1``).
     """
-    burst = max(65536 + 1514, bits_per_s // 8 // 500)
-    _tc(ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", format_rate(bits_per_s),
-        "burst", str(burst), "latency", f"{QUEUE_MS}ms")
+    _tc(ns, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "tbf", "rate", format_rate(bits_per_s),
+        "burst", str(_burst(bits_per_s)), "latency", f"{QUEUE_MS}ms")
 
 
-def _shape_nic(c: Cluster, rank: int) -> None:
-    rate = c.nic_override.get(rank, c.nic_bps)
+def _burst(bits_per_s: int) -> int:
+    return max(65536 + 1514, bits_per_s // 8 // 500)
+
+
+def _shape_nic(c: Cluster, rank: int, bits_per_s: int | None = None) -> None:
+    """Shape worker ``rank``'s NIC at ``bits_per_s`` (default: its rate in ``c``)."""
+    rate = c.nic_override.get(rank, c.nic_bps) if bits_per_s is None else bits_per_s
     _shape(c.worker_ns(rank), "eth0", rate)  # worker -> rack
     _shape(c.fabric, f"w{rank}", rate)  # rack -> worker
+
+
+def _nic_devices(c: Cluster, rank: int) -> list[tuple[str, str]]:
+    """(namespace, device) of both directions of worker ``rank``'s NIC."""
+    return [(c.worker_ns(rank), "eth0"), (c.fabric, f"w{rank}")]
+
+
+def _delay_nic(c: Cluster, rank: int, bits_per_s: int, delay: str | None) -> None:
+    """Put ``netem`` under both directions' ``tbf`` of worker ``rank``'s NIC (``None``: the
+    plain byte FIFO that ``tbf`` holds by default, of the size it picks itself)."""
+    for ns, dev in _nic_devices(c, rank):
+        if delay is None:
+            limit = bits_per_s // 8 * QUEUE_MS // 1000 + _burst(bits_per_s)
+            _tc(ns, "qdisc", "replace", "dev", dev, "parent", "1:1", "handle", "10:", "bfifo", "limit", str(limit))
+        else:
+            # room for the packets in flight over the delay at the NIC's rate, twice over
+            packets = max(1000, 2 * int(bits_per_s / 8 / 1514 * _seconds(delay)))
+            _tc(ns, "qdisc", "replace", "dev", dev, "parent", "1:1", "handle", "10:", "netem",
+                "delay", delay, "limit", str(packets))
 
 
 def _shape_uplink(c: Cluster, rack: int) -> None:
@@ -390,14 +418,21 @@ def _limit_cpu(c: Cluster, rank: int, cores: float | None) -> None:
         return
     if not cores > 0:
         raise ValueError(f"a CPU limit is a positive number of cores, got {cores}")
+    _set_cpu_quota(c, rank, cores)
+
+
+def _set_cpu_quota(c: Cluster, rank: int, cores: float | None) -> None:
+    """Make worker ``rank``'s cgroup if it is missing and cap it at ``cores`` cores (``None``:
+    the cgroup stays, uncapped, so that processes in it keep their place)."""
+    group = _cpu_cgroup(c.name, rank)
     try:
         group.mkdir(exist_ok=True)
-        quota = max(1000, round(cores * CPU_PERIOD_US))
+        quota = None if cores is None else max(1000, round(cores * CPU_PERIOD_US))
         if (group / "cpu.max").exists():
-            (group / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
+            (group / "cpu.max").write_text(f"{quota or 'max'} {CPU_PERIOD_US}")
         else:
             (group / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
-            (group / "cpu.cfs_quota_us").write_text(str(quota))
+            (group / "cpu.cfs_quota_us").write_text(str(quota or -1))
     except OSError as exc:
         raise EmulationError(f"cannot limit worker {rank}'s CPU through {group}: {exc.strerror or exc} "
                              "(needs root and a cgroup cpu controller)") from None
@@ -513,12 +548,211 @@ def _kill_flow(flow: dict) -> None:
             pass
 
 
+# -- straggler episodes ----------------------------------------------------------------------
+_DELAY = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)$")
+_DELAY_SCALE = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+_EPISODE = re.compile(r"(\d+):(cpu|nic|delay)=([^@\s]+)@(\d*\.?\d+)s?\+(\d*\.?\d+)s?")
+_EPISODE_EXAMPLE = "e.g. 1:cpu=0.1@5+20, 3:nic=100mbit@0+30 or 2:delay=30ms@10+60"
+
+
+def _seconds(delay: str) -> float:
+    m = _DELAY.match(delay)
+    if not m:
+        raise ValueError(f"cannot read delay {delay!r}; write it like 30ms, 500us or 0.1s")
+    return float(m.group(1)) * _DELAY_SCALE[m.group(2)]
+
+
+@dataclass(frozen=True)
+class Episode:
+    """A transient straggler: worker ``rank`` capped at ``cpu`` cores, or its NIC shaped at
+    ``nic`` (both directions), or ``delay`` added to its NIC (each direction, ``netem``), from
+    ``start_s`` to ``start_s + duration_s`` seconds after ``run`` launches the job. Exactly one
+    of ``cpu``, ``nic`` and ``delay`` is set. ``str()`` gives the ``parse_episode`` form."""
+
+    rank: int
+    start_s: float
+    duration_s: float
+    cpu: float | None = None
+    nic: str | None = None
+    delay: str | None = None
+
+    def __post_init__(self) -> None:
+        kinds = [k for k in ("cpu", "nic", "delay") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError(f"an episode changes exactly one of cpu, nic and delay, got {kinds or 'none'}; "
+                             f"{_EPISODE_EXAMPLE}")
+        if self.rank < 0:
+            raise ValueError(f"an episode's rank is 0 or more, got {self.rank}")
+        if not (self.start_s >= 0 and self.duration_s > 0):
+            raise ValueError(f"an episode starts at 0 s or later and lasts more than 0 s, got start "
+                             f"{self.start_s} s, duration {self.duration_s} s")
+        if self.cpu is not None and not 0 < self.cpu < float("inf"):
+            raise ValueError(f"a CPU episode caps at a positive number of cores, got {self.cpu}")
+        if self.nic is not None:
+            parse_rate(self.nic)
+        if self.delay is not None:
+            _seconds(self.delay)
+
+    @property
+    def kind(self) -> str:
+        return "cpu" if self.cpu is not None else "nic" if self.nic is not None else "delay"
+
+    @property
+    def value(self) -> float | str:
+        return getattr(self, self.kind)
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.duration_s
+
+    def __str__(self) -> str:
+        return f"{self.rank}:{self.kind}={self.value}@{self.start_s!r}+{self.duration_s!r}"
+
+
+def parse_episode(text: str) -> Episode:
+    """``RANK:KIND=VALUE@START+DURATION``, KIND one of ``cpu`` (cores), ``nic`` (a rate) and
+    ``delay`` (``30ms``), START and DURATION in seconds: ``1:cpu=0.1@5+20`` caps worker 1 at
+    a tenth of a core from 5 s to 25 s after the job starts."""
+    m = _EPISODE.fullmatch(str(text).strip())
+    if not m:
+        raise ValueError(f"cannot read episode {text!r}; write RANK:KIND=VALUE@START+DURATION with KIND "
+                         f"cpu (cores), nic (a rate) or delay (ms), times in seconds: {_EPISODE_EXAMPLE}")
+    rank, kind, value, start, duration = m.groups()
+    if kind == "cpu":
+        try:
+            cores = float(value)
+        except ValueError:
+            raise ValueError(f"cannot read episode {text!r}: cpu={value} is not a number of cores; "
+                             f"{_EPISODE_EXAMPLE}") from None
+        return Episode(int(rank), float(start), float(duration), cpu=cores)
+    try:
+        return Episode(int(rank), float(start), float(duration), **{kind: value})
+    except ValueError as exc:
+        raise ValueError(f"cannot read episode {text!r}: {exc}") from None
+
+
+def check_netem() -> None:
+    """Raise ``EmulationError`` unless this kernel has the ``netem`` qdisc (``delay`` episodes)."""
+    probe = f"dss-netem-{os.getpid()}"
+    made = _sh("ip", "netns", "add", probe, check=False)
+    if made.returncode != 0:
+        raise EmulationError(f"cannot make a namespace to look for sch_netem: {made.stderr.strip()}")
+    try:
+        result = _sh("ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "lo", "root", "netem",
+                     "delay", "1ms", check=False)
+    finally:
+        _sh("ip", "netns", "del", probe, check=False)
+    if result.returncode != 0:
+        raise EmulationError(
+            "delay episodes need the netem qdisc, the kernel module sch_netem, which this kernel lacks "
+            f"(tc: {result.stderr.strip() or result.stdout.strip()}); load it with `modprobe sch_netem` "
+            "(on Ubuntu it ships in linux-modules-extra-$(uname -r)) or leave out the delay episodes")
+
+
+def check_episodes(c: Cluster, episodes: Sequence[Episode]) -> None:
+    """Raise before anything runs if an episode names no worker of ``c`` or needs netem here."""
+    for e in episodes:
+        if not 0 <= e.rank < c.world_size:
+            raise ValueError(f"episode {e}: cluster {c.name!r} has workers 0..{c.world_size - 1}")
+    if any(e.delay is not None for e in episodes):
+        check_netem()
+
+
+class _Episodes:
+    """Applies episodes at their times after ``start`` from a daemon thread; ``stop`` undoes
+    what is still on. Each change sets a worker's CPU or NIC to what the episodes still on ask
+    for (the latest begun wins), or else to what the cluster's state says (``contend``)."""
+
+    def __init__(self, c: Cluster, episodes: Sequence[Episode], write: Callable[[str], None]) -> None:
+        self.c, self.write = c, write
+        # (time, begins, index, episode), an end before a start at the same time
+        self.events = sorted([(e.start_s, 1, i, e) for i, e in enumerate(episodes)]
+                             + [(e.end_s, 0, i, e) for i, e in enumerate(episodes)], key=lambda ev: ev[:3])
+        self.cpu_ranks = sorted({e.rank for e in episodes if e.kind == "cpu"})
+        self.on: list[Episode] = []
+        self.delayed: set[int] = set()  # ranks with netem under their NIC's tbf
+        self.t0 = 0.0
+        self.halt = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="dssync-episodes")
+
+    def prepare(self) -> None:
+        """Make the cgroup of every worker with a CPU episode, capped at the worker's static
+        limit or not at all, so that its processes start inside it."""
+        for rank in self.cpu_ranks:
+            _set_cpu_quota(self.c, rank, self.c.cpu_limit.get(rank))
+
+    def start(self) -> None:
+        """Apply what begins at 0 s now, the rest from the thread."""
+        self.t0 = time.monotonic()
+        self.advance(0.0)
+        if self.events:
+            self.thread.start()
+
+    def _loop(self) -> None:
+        while self.events and not self.halt.is_set():
+            self.halt.wait(max(0.0, self.events[0][0] - (time.monotonic() - self.t0)))
+            if not self.halt.is_set():
+                self.advance(time.monotonic() - self.t0)
+
+    def advance(self, now: float) -> None:
+        while self.events and self.events[0][0] <= now and not self.halt.is_set():
+            _, begins, _, e = self.events.pop(0)
+            if begins:
+                self.on.append(e)
+            elif e in self.on:
+                self.on.remove(e)
+            self._set(e, now, bool(begins))
+
+    def stop(self) -> None:
+        """Stop the thread, then undo every episode still on."""
+        self.halt.set()
+        if self.thread.is_alive():
+            self.thread.join()
+        self.events = []
+        undo = {(e.rank, e.kind): e for e in self.on}
+        self.on = []
+        for e in undo.values():
+            self._set(e, time.monotonic() - self.t0, False)
+
+    def _set(self, e: Episode, now: float, begins: bool) -> None:
+        """Set worker ``e.rank``'s ``e.kind`` to what the episodes on now ask for; say so."""
+        rank, kind = e.rank, e.kind
+        mine = [x for x in self.on if (x.rank, x.kind) == (rank, kind)]
+        try:
+            static = load_state(self.c.name)  # `contend` may have changed it since the job began
+        except (EmulationError, ValueError, TypeError, json.JSONDecodeError):
+            static = self.c
+        try:
+            if kind == "cpu":
+                cores = mine[-1].cpu if mine else static.cpu_limit.get(rank)
+                _set_cpu_quota(self.c, rank, cores)
+                restored = "" if cores is None else f" to {cores} cores"
+            else:
+                nic = [x.nic for x in self.on if (x.rank, x.kind) == (rank, "nic")]
+                delay = [x.delay for x in self.on if (x.rank, x.kind) == (rank, "delay")]
+                rate = parse_rate(nic[-1]) if nic else static.nic_override.get(rank, static.nic_bps)
+                _shape_nic(self.c, rank, rate)
+                if delay or rank in self.delayed:
+                    _delay_nic(self.c, rank, rate, delay[-1] if delay else None)
+                    (self.delayed.add if delay else self.delayed.discard)(rank)
+                restored = f" to {rate / 1e6:g} Mbit/s" if kind == "nic" else ""
+        except (EmulationError, OSError, ValueError) as exc:
+            self.write(f"[episode] worker {rank}: cannot {'apply' if begins else 'undo'} {e}: {exc}\n")
+            return
+        what = (f"{mine[-1].value}" + (" cores" if kind == "cpu" else "")) if mine else "restored" + restored
+        when = f"at {now:.1f} s" + (f", for {e.duration_s:g} s" if begins else "")
+        self.write(f"[episode] worker {rank}: {kind} {what} ({when})\n")
+
+
 # -- run -------------------------------------------------------------------------------------
-def run_dssync(name: str, args: Sequence[str], out: Path, *, timeout_s: float) -> Any:
-    """``dssync emulate run --name NAME -- dssync ARGS...`` as a subprocess; the JSON that
-    rank 0 wrote to ``out``. A failing job raises with the tail of its output."""
+def run_dssync(name: str, args: Sequence[str], out: Path, *, timeout_s: float,
+               episodes: Sequence[Episode] = ()) -> Any:
+    """``dssync emulate run --name NAME [--episode SPEC ...] -- dssync ARGS...`` as a
+    subprocess; the JSON that rank 0 wrote to ``out``. A failing job raises with the tail of
+    its output."""
     dssync = str(Path(sys.executable).with_name("dssync"))
-    proc = subprocess.run([dssync, "emulate", "run", "--name", name, "--timeout", str(timeout_s), "--",
+    episode_args = [a for e in episodes for a in ("--episode", str(e))]
+    proc = subprocess.run([dssync, "emulate", "run", "--name", name, "--timeout", str(timeout_s), *episode_args, "--",
                            dssync, *args], capture_output=True, text=True, timeout=timeout_s + 60)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
@@ -527,46 +761,61 @@ def run_dssync(name: str, args: Sequence[str], out: Path, *, timeout_s: float) -
 
 
 def run(command: Sequence[str], *, name: str = DEFAULT_NAME, timeout_s: float | None = None,
-        out=None) -> int:
+        out=None, episodes: Sequence[Episode] = ()) -> int:
     """Run ``command`` once per worker in its namespace; stream ``[w<i>]``-prefixed output.
 
     Each copy gets RANK, WORLD_SIZE, LOCAL_RANK (0: one worker per emulated host),
     MASTER_ADDR (worker 0), MASTER_PORT, GLOO_SOCKET_IFNAME=eth0 and DSSYNC_HOST. Returns
     the worst exit code (a signal counts as 128 + its number); past ``timeout_s`` every copy
     is killed and the result is 124.
+
+    ``episodes`` (transient stragglers) take effect at their times after launch, each change
+    written to ``out`` as an ``[episode]`` line; however the job ends, what is still on is
+    undone before ``run`` returns. A worker with a CPU episode runs in its CPU cgroup from
+    the start (uncapped until the episode, unless ``contend`` capped it).
     """
     if not command:
         raise ValueError("nothing to run: give the command after `--`")
     c = load_state(name)
+    check_episodes(c, episodes)
     out = out or sys.stdout
     lock = threading.Lock()
-    procs = []
-    for rank in range(c.world_size):
-        env = {"RANK": str(rank), "WORLD_SIZE": str(c.world_size), "LOCAL_RANK": "0",
-               "MASTER_ADDR": c.worker_addr(0), "MASTER_PORT": str(MASTER_PORT),
-               "GLOO_SOCKET_IFNAME": "eth0", "DSSYNC_HOST": f"w{rank}"}
-        # The namespaces have no resolver; c10d would warn about it on every connection.
-        env.setdefault("TORCH_CPP_LOG_LEVEL", os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"))
-        argv = ["ip", "netns", "exec", c.worker_ns(rank), "env",
-                *(f"{k}={v}" for k, v in env.items()), *command]
-        if rank in c.cpu_limit:  # joins the worker's cgroup, then becomes the command (which
-            # inherits it); outside the namespace, whose own /sys has no cgroup mount
-            argv = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(_cpu_cgroup(c.name, rank)), *argv]
-        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True, bufsize=1, start_new_session=True))
+
+    def write(text: str) -> None:
+        with lock:
+            out.write(text)
+            out.flush()
+
+    stragglers = _Episodes(c, episodes, write)
+    stragglers.prepare()
+    in_cgroup = set(c.cpu_limit) | set(stragglers.cpu_ranks)
+    procs: list[subprocess.Popen] = []
+    threads: list[threading.Thread] = []
 
     def pump(rank: int, proc: subprocess.Popen) -> None:
         for line in proc.stdout:
-            with lock:
-                out.write(f"[w{rank}] {line}")
-                out.flush()
+            write(f"[w{rank}] {line}")
 
-    threads = [threading.Thread(target=pump, args=(r, p), daemon=True) for r, p in enumerate(procs)]
-    for t in threads:
-        t.start()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     timed_out = False
     try:
+        stragglers.start()
+        for rank in range(c.world_size):
+            env = {"RANK": str(rank), "WORLD_SIZE": str(c.world_size), "LOCAL_RANK": "0",
+                   "MASTER_ADDR": c.worker_addr(0), "MASTER_PORT": str(MASTER_PORT),
+                   "GLOO_SOCKET_IFNAME": "eth0", "DSSYNC_HOST": f"w{rank}"}
+            # The namespaces have no resolver; c10d would warn about it on every connection.
+            env.setdefault("TORCH_CPP_LOG_LEVEL", os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"))
+            argv = ["ip", "netns", "exec", c.worker_ns(rank), "env",
+                    *(f"{k}={v}" for k, v in env.items()), *command]
+            if rank in in_cgroup:  # joins the worker's cgroup, then becomes the command (which
+                # inherits it); outside the namespace, whose own /sys has no cgroup mount
+                argv = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(_cpu_cgroup(c.name, rank)),
+                        *argv]
+            procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True, bufsize=1, start_new_session=True))
+            threads.append(threading.Thread(target=pump, args=(rank, procs[-1]), daemon=True))
+            threads[-1].start()
         while any(p.poll() is None for p in procs):
             if deadline is not None and time.monotonic() > deadline:
                 timed_out = True
@@ -580,6 +829,7 @@ def run(command: Sequence[str], *, name: str = DEFAULT_NAME, timeout_s: float | 
                 except ProcessLookupError:
                     pass
                 p.wait()
+        stragglers.stop()
         for t in threads:
             t.join(timeout=5)
     if timed_out:

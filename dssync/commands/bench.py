@@ -49,6 +49,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--model-mb", type=float, default=1.0, help="model size of the synthetic task")
     c.add_argument("--cpu", nargs="+", default=[], metavar="RANK:CORES",
                    help="stragglers: cap these workers' CPU on every scenario (emulate contend --cpu)")
+    c.add_argument("--episode", action="append", default=[], metavar="SPEC",
+                   help="a transient straggler in every run, RANK:KIND=VALUE@START+DURATION, e.g. "
+                   "1:cpu=0.1@5+20 or 3:nic=100mbit@0+30 (emulate run --episode); repeatable")
     c.add_argument("--json", metavar="OUT", help="one record per run (train --json keys plus scenario)")
     c.add_argument("--markdown", metavar="OUT", help="the summary table as markdown")
     c.add_argument("--plot", metavar="OUT.png")
@@ -241,12 +244,14 @@ def run_compare(args: argparse.Namespace) -> int:
         name, settings = parse_variant(s)
         get_strategy(name).Config(**strategy_settings(name, settings))
     scenarios = [s.strip() for s in args.scenario.split(",") if s.strip()]
-    from dssync.launch.emulate import parse_cpu_limit
+    from dssync.launch.emulate import parse_cpu_limit, parse_episode
 
     cpu = dict(parse_cpu_limit(text) for text in args.cpu)
+    episodes = [parse_episode(text) for text in args.episode]
     console = Console(stderr=True)
     records = compare(scenarios, strategies, task=args.task, steps=args.steps, repeats=args.repeats,
                       eval_every=args.eval_every, adjust_every=args.adjust_every, model_mb=args.model_mb, cpu=cpu,
+                      episodes=episodes,
                       progress=lambda r: console.print(
                           f"{r['scenario']} {r['strategy']} seed {r['repeat']}: " + (
                               f"FAILED: {r['error']}" if "error" in r else

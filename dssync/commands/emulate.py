@@ -50,6 +50,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     r = esub.add_parser("run", help="run a command once per worker, in its namespace")
     r.add_argument("--timeout", type=float, default=3600.0, help="kill every copy after this (s)")
+    r.add_argument("--episode", action="append", default=[], metavar="SPEC",
+                   help="a transient straggler, RANK:KIND=VALUE@START+DURATION (seconds after the job "
+                   "starts): 1:cpu=0.1@5+20 caps worker 1 at 0.1 cores, 3:nic=100mbit@0+30 shapes worker "
+                   "3's NIC, 2:delay=30ms@10+60 delays it (needs sch_netem); repeatable")
     r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     r.set_defaults(run=_run)
 
@@ -105,7 +109,8 @@ def _run(args: argparse.Namespace) -> int:
     from dssync.launch import emulate
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    return emulate.run(cmd, name=args.name, timeout_s=args.timeout, out=sys.stdout)
+    episodes = [emulate.parse_episode(text) for text in args.episode]
+    return emulate.run(cmd, name=args.name, timeout_s=args.timeout, out=sys.stdout, episodes=episodes)
 
 
 def _down(args: argparse.Namespace) -> int:

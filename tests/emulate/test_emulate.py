@@ -2,7 +2,9 @@
 
 import io
 import json
+import re
 import subprocess
+import time
 
 import pytest
 
@@ -191,3 +193,89 @@ def test_cpu_limits_are_read_as_rank_and_cores():
     for bad in ("4", "x:0.5", "4:0", "4:-1"):
         with pytest.raises(ValueError, match="RANK:CORES"):
             emulate.parse_cpu_limit(bad)
+
+
+def _run_in_background(**kwargs):
+    """``emulate.run`` in a thread, so that the test can look at the cluster while it runs."""
+    import threading
+
+    result = {}
+    runner = threading.Thread(target=lambda: result.update(code=emulate.run(**kwargs)), daemon=True)
+    runner.start()
+    return runner, result
+
+
+def _cpu_quota(name: str, rank: int) -> str:
+    group = emulate._cpu_cgroup(name, rank)
+    return ((group / "cpu.max").read_text().split()[0] if (group / "cpu.max").exists()
+            else (group / "cpu.cfs_quota_us").read_text().strip())
+
+
+def test_a_cpu_episode_caps_the_worker_during_it_and_not_after(name):
+    import sys
+
+    # Worker 1 burns CPU for 4 s and prints, per half second since T0, the share of a core it got.
+    burn = ("import os, sys, time\n"
+            "if os.environ['RANK'] != '1': sys.exit(0)\n"
+            "t0 = float(sys.argv[1])\n"
+            "while time.time() - t0 < 4.0:\n"
+            "    wall, cpu = time.time(), time.process_time()\n"
+            "    while time.time() - wall < 0.5: pass\n"
+            "    print(f'{wall - t0:.2f} {(time.process_time() - cpu) / (time.time() - wall):.3f}', flush=True)\n")
+    with emulate.cluster([2], nic="200mbit", uplink="200mbit", name=name):
+        out = io.StringIO()
+        t0 = time.time()
+        runner, result = _run_in_background(
+            command=[sys.executable, "-c", burn, str(t0)], name=name, out=out, timeout_s=20,
+            episodes=[emulate.parse_episode("1:cpu=0.1@0.5+2"),  # from 0.5 s to 2.5 s
+                      emulate.parse_episode("0:cpu=0.3@0+60")])  # still on when the job ends
+        time.sleep(max(0.0, t0 + 1.5 - time.time()))
+        during = _cpu_quota(name, 1), _cpu_quota(name, 0)
+        time.sleep(max(0.0, t0 + 3.5 - time.time()))
+        after = _cpu_quota(name, 1)
+        runner.join(timeout=20)
+        assert result.get("code") == 0, out.getvalue()
+        assert during == ("10000", "30000")  # 0.1 and 0.3 of a 100 ms period
+        assert after in ("-1", "max")
+        assert _cpu_quota(name, 0) in ("-1", "max")  # undone when the job ended, 56 s early
+        lines = out.getvalue().splitlines()
+        shares = [tuple(map(float, line.split()[1:])) for line in lines if line.startswith("[w1] ")]
+        capped = [share for at, share in shares if 0.6 < at and at + 0.5 < 2.4]
+        free = [share for at, share in shares if at > 2.6]
+        assert capped and free, lines
+        assert max(capped) < 0.3 and max(free) > 0.5, shares  # the cap bit, and only during the episode
+        assert re.search(r"^\[episode\] worker 1: cpu 0\.1 cores \(at 0\.\d s, for 2 s\)$", out.getvalue(), re.M)
+        assert re.search(r"^\[episode\] worker 1: cpu restored \(at 2\.\d s\)$", out.getvalue(), re.M)
+        assert re.search(r"^\[episode\] worker 0: cpu restored \(at [34]\.\d s\)$", out.getvalue(), re.M)
+    assert not emulate._cpu_cgroup(name, 1).exists()  # down took the cgroups with it
+
+
+def test_a_nic_episode_reshapes_the_workers_nic_both_ways_and_restores_it(name):
+    def rates(c) -> list[str]:
+        shown = [subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "show", "dev", dev],
+                                capture_output=True, text=True, check=True).stdout
+                 for ns, dev in ((c.worker_ns(1), "eth0"), (c.fabric, "w1"))]
+        return [re.search(r"rate (\S+)", text).group(1) for text in shown]
+
+    with emulate.cluster([2], nic="200mbit", uplink="200mbit", name=name) as c:
+        out = io.StringIO()
+        t0 = time.monotonic()
+        runner, result = _run_in_background(command=["sleep", "2.5"], name=name, out=out, timeout_s=20,
+                                            episodes=[emulate.parse_episode("1:nic=50mbit@0.3+1.2")])
+        time.sleep(max(0.0, t0 + 1.0 - time.monotonic()))
+        during = rates(c)
+        time.sleep(max(0.0, t0 + 2.2 - time.monotonic()))
+        after = rates(c)
+        runner.join(timeout=20)
+        assert result.get("code") == 0, out.getvalue()
+        assert during == ["50Mbit", "50Mbit"] and after == ["200Mbit", "200Mbit"], (during, after)
+        assert "[episode] worker 1: nic restored to 200 Mbit/s" in out.getvalue()
+
+
+def test_episodes_naming_no_worker_fail_before_anything_runs(name):
+    with emulate.cluster([2], name=name):
+        out = io.StringIO()
+        with pytest.raises(ValueError, match=r"has workers 0\.\.1"):
+            emulate.run(["sh", "-c", "echo ran"], name=name, out=out,
+                        episodes=[emulate.parse_episode("2:cpu=0.5@0+1")])
+        assert "ran" not in out.getvalue()
