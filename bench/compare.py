@@ -27,7 +27,7 @@ from dssync.errors import DssyncError
 from dssync.launch import emulate
 from dssync.train import comm_warmup
 
-__all__ = ["compare", "markdown_table", "parse_variant", "plot", "summarize"]
+__all__ = ["compare", "loss_rows", "loss_table", "markdown_table", "parse_variant", "plot", "summarize"]
 
 
 def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = "digits", steps: int = 300,
@@ -92,6 +92,56 @@ def _time_to(curve: list[dict[str, float]], target: float) -> tuple[float | None
         if point["accuracy"] >= target - 1e-12:
             return point["wall_s"], int(point["step"])
     return None, None
+
+
+def _first_below(curve: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
+    """The first evaluation whose test loss is at most ``target``."""
+    return next((p for p in curve if p.get("loss") is not None and p["loss"] <= target), None)
+
+
+def loss_rows(records: Sequence[dict[str, Any]], target: float) -> list[dict[str, Any]]:
+    """Per (scenario, strategy): the medians over repeats of the iterations (rank 0's steps, and
+    the shared model's updates where there are parameter servers), wall seconds and seconds to
+    the first evaluation with test loss at most ``target`` (``None`` unless every repeat got
+    there), with the strategy's counters summed over ranks (aborts, re-syncs ...)."""
+    rows = []
+    records = [r for r in records if "error" not in r]
+    for scenario, strategy in dict.fromkeys((r["scenario"], r["strategy"]) for r in records):
+        mine = [r for r in records if (r["scenario"], r["strategy"]) == (scenario, strategy)]
+        hits = [_first_below(r["curve"], target) for r in mine]
+        reached = all(h is not None for h in hits)
+        updates = [h.get("updates") for h in hits if h is not None]
+        counters: dict[str, float] = {}
+        for r in mine:
+            for stats in r.get("strategy_stats", []):
+                for key in ("aborts", "resyncs_sent", "notifies"):
+                    if isinstance(stats.get(key), int):
+                        counters[key] = counters.get(key, 0) + stats[key] / len(mine)
+        rows.append({
+            "scenario": scenario, "strategy": strategy, "repeats": len(mine), "target_loss": target,
+            "final_loss": statistics.median(r["curve"][-1]["loss"] for r in mine),
+            "iterations_to_loss": statistics.median(h["step"] for h in hits) if reached else None,
+            "updates_to_loss": statistics.median(updates) if reached and None not in updates else None,
+            "time_to_loss_s": statistics.median(h["wall_s"] for h in hits) if reached else None,
+            "reached": sum(h is not None for h in hits),
+            **{f"{k}_per_run": v for k, v in counters.items()},
+        })
+    return rows
+
+
+def loss_table(rows: Sequence[dict[str, Any]]) -> str:
+    def fmt(value: Any, spec: str) -> str:
+        return "n/a" if value is None else format(value, spec)
+
+    lines = ["| scenario | strategy | target loss | reached | iters to target | updates to target | "
+             "time to target s | final loss | aborts/run | re-syncs/run |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['scenario']} | {r['strategy']} | {r['target_loss']:.3f} | {r['reached']}/{r['repeats']} | "
+                     f"{fmt(r['iterations_to_loss'], '.0f')} | {fmt(r['updates_to_loss'], '.0f')} | "
+                     f"{fmt(r['time_to_loss_s'], '.1f')} | {r['final_loss']:.3f} | "
+                     f"{fmt(r.get('aborts_per_run'), '.0f')} | {fmt(r.get('resyncs_sent_per_run'), '.0f')} |")
+    return "\n".join(lines)
 
 
 def rank_comm_ms(record: dict[str, Any]) -> float | None:

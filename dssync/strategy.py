@@ -3,7 +3,11 @@
 A strategy wraps one rank's model and decides what is communicated around the local
 optimizer step. The training loop calls, per iteration::
 
-    loss.backward(); strategy.before_step(step); optimizer.step(); strategy.after_step(step)
+    strategy.compute(step, forward_backward)  # forward, zero_grad, backward
+    strategy.before_step(step); optimizer.step(); strategy.after_step(step)
+
+``compute`` runs the loop's forward and backward once; a strategy that may abandon and
+restart a computation (``specsync``) overrides it.
 
 ``before_step`` and ``after_step`` are the public template methods: they time the
 strategy's communication (``comm_s``, one sample per iteration, seconds on this rank) and
@@ -16,6 +20,7 @@ from __future__ import annotations
 import copy
 import time
 from abc import ABC
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -85,7 +90,21 @@ class Strategy(ABC):  # noqa: B024 - every hook has a no-op default
         gathers every rank's into the record's ``strategy_stats``."""
         return {}
 
+    def global_updates(self) -> int | None:
+        """Updates applied to the shared model so far, where there is one (parameter servers),
+        as of this rank's last pull; ``None`` elsewhere."""
+        return None
+
+    def snapshot(self) -> nn.Module:
+        """The model to evaluate in the middle of a run (collective like ``final_model``,
+        which it is unless a strategy can read its model without stopping the workers)."""
+        return self.final_model()
+
     # -- per iteration (template methods) ------------------------------------------------------
+    def compute(self, step: int, forward_backward: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """Run the iteration's forward and backward (``forward_backward`` returns the loss)."""
+        return forward_backward()
+
     def before_step(self, step: int) -> None:
         t0 = time.perf_counter()
         communicated = self._before_step(step)

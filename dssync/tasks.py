@@ -39,15 +39,20 @@ class Task:
                 idx = order[i : i + batch_size]
                 yield x[idx], y[idx]
 
-    @torch.no_grad()
     def accuracy(self, model: nn.Module) -> float:
+        return self.evaluate(model)[0]
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module) -> tuple[float, float]:
+        """Test accuracy and mean test cross-entropy of ``model``."""
         model.eval()
-        correct = 0
+        correct, loss = 0, 0.0
         for i in range(0, len(self.test_x), 1024):
-            pred = model(self.test_x[i : i + 1024]).argmax(dim=1)
-            correct += int((pred == self.test_y[i : i + 1024]).sum())
+            out = model(self.test_x[i : i + 1024])
+            correct += int((out.argmax(dim=1) == self.test_y[i : i + 1024]).sum())
+            loss += float(torch.nn.functional.cross_entropy(out, self.test_y[i : i + 1024], reduction="sum"))
         model.train()
-        return correct / len(self.test_x)
+        return correct / len(self.test_x), loss / len(self.test_x)
 
 
 def _digits(seed: int, model_mb: float) -> Task:

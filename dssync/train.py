@@ -6,6 +6,7 @@ rank under a launcher) and returns rank 0's result: the ``train --json`` record.
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -102,24 +103,33 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
     batches = task.batches(rank, world_size, cfg.batch_size, cfg.seed)
 
     progress = _progress(cfg, world_size) if cfg.progress and rank == 0 else None
-    curve: list[dict[str, float]] = []
+    snapshots: list[tuple[dict[str, Any], torch.nn.Module]] = []
     eval_s = 0.0
     comm.barrier()
     start = time.perf_counter()
     for step in range(cfg.steps):
         x, y = next(batches)
-        loss = F.cross_entropy(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
+
+        def forward_backward(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            return loss
+
+        strategy.compute(step, forward_backward)
         strategy.before_step(step)
         optimizer.step()
         strategy.after_step(step)
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             t0 = time.perf_counter()
-            handed_back = strategy.final_model()  # collective for some strategies
-            if rank == 0:
-                curve.append({"step": step + 1, "wall_s": t0 - start - eval_s,
-                              "accuracy": task.accuracy(handed_back)})
+            last = step + 1 == cfg.steps
+            handed_back = strategy.final_model() if last else strategy.snapshot()  # collective for some
+            if rank == 0:  # evaluated after the loop: rank 0 stops only for the copy
+                point: dict[str, Any] = {"step": step + 1, "wall_s": t0 - start - eval_s}
+                updates = strategy.global_updates()
+                if updates is not None:
+                    point["updates"] = updates
+                snapshots.append((point, copy.deepcopy(handed_back)))
             eval_s += time.perf_counter() - t0
         if progress is not None:
             progress[0].update(progress[1], advance=1)
@@ -132,6 +142,10 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
     stats = comm.allgather_object(strategy.stats())
     if rank != 0:
         return None
+    curve = []
+    for point, snapshot in snapshots:
+        point["accuracy"], point["loss"] = task.evaluate(snapshot)
+        curve.append(point)
     comm_ms, per_iter = summarize_comm(samples, warmup=comm_warmup(cfg.steps))
     changes = strategy.schedule_changes()
     # Comm time under each schedule the run followed: the median of the per-iteration

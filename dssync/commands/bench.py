@@ -52,6 +52,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--episode", action="append", default=[], metavar="SPEC",
                    help="a transient straggler in every run, RANK:KIND=VALUE@START+DURATION, e.g. "
                    "1:cpu=0.1@5+20 or 3:nic=100mbit@0+30 (emulate run --episode); repeatable")
+    c.add_argument("--target-loss", type=float, metavar="LOSS",
+                   help="also report iterations, updates and time to this test loss (SpecSync's criterion)")
     c.add_argument("--json", metavar="OUT", help="one record per run (train --json keys plus scenario)")
     c.add_argument("--markdown", metavar="OUT", help="the summary table as markdown")
     c.add_argument("--plot", metavar="OUT.png")
@@ -235,7 +237,15 @@ def run_compare(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from dssync.bench.compare import compare, markdown_table, parse_variant, plot, summarize
+    from dssync.bench.compare import (
+        compare,
+        loss_rows,
+        loss_table,
+        markdown_table,
+        parse_variant,
+        plot,
+        summarize,
+    )
     from dssync.commands.train import strategy_settings
     from dssync.strategies import get_strategy
 
@@ -258,7 +268,10 @@ def run_compare(args: argparse.Namespace) -> int:
                               f"comm {r['comm_ms_per_iter']:.1f} ms/iter, wall {r['wall_s']:.1f} s, "
                               f"best accuracy {r['best_accuracy']:.4f}"), markup=False, highlight=False))
     rows = summarize(records)
-    _report(markdown_table(rows), records, args)
+    table = markdown_table(rows)
+    if args.target_loss is not None:
+        table += "\n\n" + loss_table(loss_rows(records, args.target_loss))
+    _report(table, records, args)
     if args.plot:
         plot(records, rows, args.plot)
     return 0

@@ -9,18 +9,19 @@ from dssync.strategies.gossip import GossipStrategy
 from dssync.strategies.hierarchical import HierarchicalStrategy
 from dssync.strategies.local_sgd import LocalSGDStrategy
 from dssync.strategies.psp import PSPStrategy
+from dssync.strategies.specsync import SpecSyncStrategy
 from dssync.strategies.sync_switch import SyncSwitchStrategy
 from dssync.strategy import Strategy
 
 __all__ = [
     "REGISTRY", "ASPStrategy", "AllreduceStrategy", "DSSyncStrategy", "GossipStrategy", "HierarchicalStrategy",
-    "LocalSGDStrategy", "PSPStrategy", "SSPStrategy", "SyncSwitchStrategy", "get_strategy",
+    "LocalSGDStrategy", "PSPStrategy", "SSPStrategy", "SpecSyncStrategy", "SyncSwitchStrategy", "get_strategy",
 ]
 
 REGISTRY: dict[str, type[Strategy]] = {
     cls.name: cls for cls in (AllreduceStrategy, DSSyncStrategy, HierarchicalStrategy, GossipStrategy,
                               LocalSGDStrategy, ASPStrategy, SSPStrategy, PSPStrategy,
-                              SyncSwitchStrategy)
+                              SyncSwitchStrategy, SpecSyncStrategy)
 }
 
 

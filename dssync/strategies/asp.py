@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -31,6 +32,8 @@ __all__ = ["ASPStrategy", "SSPStrategy"]
 class ASPStrategy(Strategy):
     name = "asp"
     staleness: int | None = None
+    settled_snapshots: ClassVar[bool] = False
+    """Evaluate mid-run on the settled model (collective) rather than on a pull by rank 0."""
 
     @dataclass(frozen=True, kw_only=True)
     class Config(Strategy.Config):
@@ -83,6 +86,19 @@ class ASPStrategy(Strategy):
         assert self.server is not None, "setup() first"
         self.server.push_pull(self._grads.gather(), clock=step)
         return True
+
+    def snapshot(self) -> nn.Module:
+        """Mid-run, rank 0 reads the servers' current parameters, as a monitor would, and no
+        worker waits for another (an evaluation barrier would make the run partly synchronous)."""
+        if self.settled_snapshots:
+            return self.final_model()
+        assert self.server is not None, "setup() first"
+        if self.comm.rank == 0:
+            self.server.pull()
+        return self.model
+
+    def global_updates(self) -> int | None:
+        return None if self.server is None else max(self.server.versions)
 
     def final_model(self) -> nn.Module:
         assert self.server is not None, "setup() first"

@@ -28,6 +28,7 @@ __all__ = ["PSPStrategy"]
 
 class PSPStrategy(ASPStrategy):
     name = "psp"
+    settled_snapshots = True  # rounds track which workers are in; evaluations leave them as a whole
 
     @dataclass(frozen=True, kw_only=True)
     class Config(ASPStrategy.Config):

@@ -38,6 +38,7 @@ __all__ = ["SyncSwitchStrategy"]
 
 class SyncSwitchStrategy(ASPStrategy):
     name = "sync-switch"
+    settled_snapshots = True  # rounds track which workers are in; evaluations leave them as a whole
 
     @dataclass(frozen=True, kw_only=True)
     class Config(ASPStrategy.Config):

@@ -219,3 +219,52 @@ def sync_switch_run(comm, steps: int, switch_at: float, momentum: float):
     final = torch.nn.utils.parameters_to_vector(strategy.final_model().parameters()).detach().clone()
     strategy.close()
     return start, after, final, strategy.stats()
+
+
+class _Sleep(nn.Module):
+    """Slow, parameter-free work: a cancellation point before every slice of it."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.seconds)
+        return x
+
+
+def specsync_run(comm, steps: int, sleep_s: list[float], abort_time_s: float):
+    """``specsync`` in the fixed mode (re-sync on one push by another worker within
+    ``abort_time_s``) on a 4 -> 1 linear layer behind ten slices of ``sleep_s[rank]`` seconds
+    of sleep, loss = sum of the output on an all-ones input: every gradient is all ones whatever
+    the parameters (lr 0.01, no momentum, unscaled). Returns the start, the handed-back
+    parameters, the stats and how many computations each iteration ran."""
+    from dssync.strategies import SpecSyncStrategy
+
+    model = nn.Sequential(*[_Sleep(sleep_s[comm.rank] / 10) for _ in range(10)], nn.Linear(4, 1))
+    n = comm.world_size
+    config = SpecSyncStrategy.Config(abort_time_s=abort_time_s, abort_rate=1 / n, scale_lr=False)
+    strategy = SpecSyncStrategy(StrategyContext(comm=comm, model=model, topology=Topology.from_rack_sizes([n]),
+                                                steps=steps), config)
+    optimizer = strategy.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.01))
+    strategy.setup()
+    start = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    runs = []
+    for step in range(steps):
+        ran = [0]
+
+        def forward_backward(ran=ran):
+            ran[0] += 1
+            loss = model(torch.ones(1, 4)).sum()
+            optimizer.zero_grad()
+            loss.backward()
+            return loss
+
+        strategy.compute(step, forward_backward)
+        runs.append(ran[0])
+        strategy.before_step(step)
+        optimizer.step()
+        strategy.after_step(step)
+    final = torch.nn.utils.parameters_to_vector(strategy.final_model().parameters()).detach().clone()
+    strategy.close()
+    return start, final, strategy.stats(), runs

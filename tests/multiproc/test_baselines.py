@@ -10,6 +10,7 @@ from ranks import (
     ps_with_a_silent_worker,
     psp_pushes,
     seeded_vector,
+    specsync_run,
     sync_switch_run,
 )
 
@@ -192,3 +193,22 @@ def test_psp_with_stale_blocks_and_delays_does_not_stall():
     assert record["final_accuracy"] > 0.7
     assert all(s["rounds"] > 0 and all(1 <= len(j) <= 5 for j in s["joined"]) for s in shards)
     assert sum(s["delayed"] for s in shards) > 0 and sum(s["dropped"] for s in shards) > 0
+
+
+def test_specsync_restarts_a_stale_worker_once_and_loses_no_push():
+    """Rank 2 computes for 0.3 s, the others for 0.1 s, and one push by another worker within
+    0.11 s of an iteration's start re-syncs it: workers abort, pull and recompute, at most
+    once an iteration, and every iteration still pushes exactly one gradient (the oracle:
+    all-ones gradients, so the final parameters are the start minus lr x n x steps)."""
+    n, steps = 3, 6
+    out = run_ranks(specsync_run, steps, [0.1, 0.1, 0.3], 0.11, nproc=n, timeout_s=60)
+    start = out[0][0]
+    for _, final, _, runs in out:
+        torch.testing.assert_close(final, start - 0.01 * n * steps)
+        assert set(runs) <= {1, 2}, runs  # never more than one restart
+    stats = [s for _, _, s, _ in out]
+    aborts = [s["aborts"] for s in stats]
+    restarts = [s["aborts"] - s["aborted_before_start"] for s in stats]  # the rest pulled before computing
+    assert restarts == [sum(r == 2 for r in runs) for _, _, _, runs in out]
+    assert aborts[2] >= 1, stats  # the slow worker is overtaken in every window while the others run
+    assert sum(aborts) <= stats[0]["resyncs_sent"] <= n * (steps - 1), stats  # iteration 0 has no notify

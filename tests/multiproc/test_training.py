@@ -24,7 +24,7 @@ def test_ds_sync_matches_allreduce_accuracy_on_8_ranks():
     assert ds >= ar - 0.01
 
 
-@pytest.mark.parametrize("strategy", ["hierarchical", "gossip", "local-sgd", "asp", "ssp", "psp", "sync-switch"])
+@pytest.mark.parametrize("strategy", ["hierarchical", "gossip", "local-sgd", "asp", "ssp", "psp", "sync-switch", "specsync"])
 def test_every_baseline_trains_digits_well_above_chance(strategy):
     record = train(TrainConfig(strategy=strategy, task="digits", steps=100, seed=0, eval_every=50), nproc=4)
     assert record["final_accuracy"] > 0.7  # chance is 0.1; 100 steps reach 0.84-0.95
