@@ -372,9 +372,10 @@ class PartialServer(ParameterServer):
             raise CommunicationError(f"rank {self.rank}: telling the shards it is "
                                      f"{'idle' if idle else 'back'}: {exc or type(exc).__name__}") from None
 
-    def pull_settled(self) -> None:
-        """Collective: leave the rounds, wait for every worker (barrier), come back, pull
-        every shard's block, and wait for every worker again.
+    def pull_settled(self, stay_idle: bool = False) -> None:
+        """Collective: leave the rounds, wait for every worker (barrier), come back (unless
+        ``stay_idle``: a worker kept out of the rounds), pull every shard's block, and wait
+        for every worker again.
 
         Leaving first lets a worker still pushing close its rounds alone rather than wait
         for a quorum of workers that are in this barrier. Coming back goes out before the
@@ -385,7 +386,8 @@ class PartialServer(ParameterServer):
         others; one run of sync-switch with two CPU stragglers stalled that way.)"""
         self.set_idle(True)
         self.comm.barrier()
-        self.set_idle(False)
+        if not stay_idle:
+            self.set_idle(False)
         self.pull()
         self.comm.barrier()
 

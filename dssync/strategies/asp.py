@@ -103,6 +103,9 @@ class ASPStrategy(Strategy):
     def final_model(self) -> nn.Module:
         assert self.server is not None, "setup() first"
         self.server.pull_settled()  # every push of every worker has been answered, so applied
+        return self._handed_back()
+
+    def _handed_back(self) -> nn.Module:
         return copy.deepcopy(self.model)
 
     def close(self) -> None:

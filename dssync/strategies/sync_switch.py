@@ -12,20 +12,48 @@ stale ones, so the run reaches BSP's test accuracy at nearly ASP's speed.
   (``eta``, on the worker's batch ``B``) and the same momentum coefficient, the paper's
   configuration policy (digest section 1.1.4).
 - **The switch happens in the process** (the paper checkpoints and restarts, 36-53 s):
-  after the last BSP iteration every worker stops, the BSP shards' parameters are already
-  every worker's (``b = 1``), each rank hands its shard's momentum to its ASP shard (scaled
-  by ``k``: the ASP shard scales by ``lr / k`` where the BSP one scaled the mean by ``lr``,
-  so the velocity in parameter units is unchanged), the BSP servers close and the ASP
-  servers open. ``stats()`` reports the iteration and the seconds the switch took.
+  every worker stops and leaves the rounds, all meet (barrier), pull the old servers'
+  settled parameters, each rank hands its shard's momentum to its new shard (times ``k``
+  from BSP to ASP, divided by ``k`` back: the ASP shard scales by ``lr / k`` where the BSP
+  one scaled the mean by ``lr``, so the velocity in parameter units is unchanged), the old
+  servers close and the new ones open. ``stats()`` reports every switch and its seconds.
 
-Choice made here: ``switch_at`` is a fraction of the run's iterations (the paper's "percent
-of the workload"), rounded to a whole iteration; 0 is pure ASP and 1 pure BSP.
+**Transient stragglers** (``policy``, digest section 1.1.3). Every ``window`` iterations of
+the BSP workload the workers exchange their own throughput, iterations per second of their
+forward and backward (the waits for others, which BSP makes everyone share, left out), and a
+worker below the mean minus one standard deviation (population, over the workers still
+training, itself included) for ``consecutive`` windows in a row is a straggler; it must
+also be ``min_gap`` below the median (a choice of ours: among equally fast workers the
+paper's rule alone flags noise):
+
+- ``greedy``: a straggler in BSP switches everyone to ASP; ``consecutive`` windows without
+  one switch back to BSP while BSP work is left. Every switch costs a barrier and two
+  server set-ups.
+- ``elastic``: a straggler in BSP leaves the rounds (at most ``max_removed`` of the
+  workers) and BSP goes on without it: a round then applies ``lr`` times the sum of the
+  pushes it got over ``k``, the linear scaling rule for the smaller batch. The removed worker
+  skips its iterations (its data of those iterations is not trained on) until the switch
+  point, where it pulls the settled parameters and trains ASP with everyone.
+
+Both act only before the switch point: once the run is in its ASP phase for good it is
+immune to transient stragglers. The throughput exchange is a collective, so in greedy's ASP
+episodes the workers meet every ``window`` iterations.
+
+Choices made here: ``switch_at`` is a fraction of the run's iterations (the paper's
+"percent of the workload"), rounded to a whole iteration; 0 is pure ASP and 1 pure BSP. The
+BSP work is counted in BSP iterations, so greedy's ASP episodes postpone the switch point.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
 
 from dssync.errors import DssyncError
 from dssync.ps import ParameterServer
@@ -33,7 +61,20 @@ from dssync.ps_partial import PartialServer
 from dssync.strategies.asp import ASPStrategy
 from dssync.strategy import StrategyContext
 
-__all__ = ["SyncSwitchStrategy"]
+__all__ = ["SyncSwitchStrategy", "below_mean_minus_std"]
+
+POLICIES = ("none", "greedy", "elastic")
+
+
+def below_mean_minus_std(throughput: Sequence[float | None], min_gap: float = 0.0) -> set[int]:
+    """The workers whose throughput is below the mean minus one (population) standard
+    deviation of the workers that report one (``None``: not training), and also more than
+    ``min_gap`` below the median."""
+    known = [t for t in throughput if t is not None]
+    if len(known) < 2:
+        return set()
+    bar = min(statistics.fmean(known) - statistics.pstdev(known), (1 - min_gap) * statistics.median(known))
+    return {w for w, t in enumerate(throughput) if t is not None and t < bar}
 
 
 class SyncSwitchStrategy(ASPStrategy):
@@ -44,10 +85,30 @@ class SyncSwitchStrategy(ASPStrategy):
     class Config(ASPStrategy.Config):
         switch_at: float = 0.5
         """Fraction of the run's iterations trained with BSP before the switch to ASP."""
+        policy: str = "none"
+        """Transient stragglers before the switch point: none, greedy or elastic."""
+        window: int = 10
+        """Iterations per throughput window of the straggler detector."""
+        consecutive: int = 2
+        """Windows in a row below mean - std that make a straggler (and, for greedy, windows
+        in a row without one that make the cluster straggler-free)."""
+        max_removed: float = 0.5
+        """Elastic: the largest fraction of the workers that may be out of BSP at once."""
+        min_gap: float = 0.2
+        """A straggler is also this fraction below the median throughput: with equally fast
+        workers the mean-minus-std rule alone flags one in about every six windows by noise."""
 
         def __post_init__(self) -> None:
             if not 0.0 <= self.switch_at <= 1.0:
                 raise ValueError(f"switch_at is a fraction of the workload in [0, 1], got {self.switch_at}")
+            if self.policy not in POLICIES:
+                raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+            if self.window < 1 or self.consecutive < 1:
+                raise ValueError(f"window and consecutive must be at least 1, got {self.window}, {self.consecutive}")
+            if not 0.0 <= self.min_gap < 1.0:
+                raise ValueError(f"min_gap is a fraction in [0, 1), got {self.min_gap}")
+            if not 0.0 <= self.max_removed < 1.0:
+                raise ValueError(f"max_removed is a fraction in [0, 1), got {self.max_removed}")
 
     config: Config
 
@@ -58,8 +119,21 @@ class SyncSwitchStrategy(ASPStrategy):
                               "(StrategyContext.steps)")
         self.switch_step = round(self.config.switch_at * ctx.steps)
         self.phase = "bsp" if self.switch_step > 0 else "asp"
-        self.switch_s: float | None = None
+        self.bsp_done = 0
+        self.switches: list[dict[str, Any]] = []
+        self.removed: set[int] = set()
+        self.detections: list[dict[str, Any]] = []
         self._loop_lr: float | None = None
+        self._busy_s = 0.0
+        self._busy_iters = 0
+        self._flagged = [0] * self.comm.world_size
+        self._clean = 0
+
+    @property
+    def switch_s(self) -> float | None:
+        """Seconds of the switch to ASP for good (``None`` before it)."""
+        final = [s for s in self.switches if s.get("final")]
+        return final[0]["s"] if final else None
 
     def _server_lr(self, lr: float) -> float:
         self._loop_lr = lr
@@ -70,25 +144,103 @@ class SyncSwitchStrategy(ASPStrategy):
             return PartialServer(self.comm, self._flat, **settings)
         return ParameterServer(self.comm, self._flat, **settings)
 
-    def _after_comm(self, step: int) -> None:
-        if self.phase == "bsp" and step + 1 == self.switch_step < (self.ctx.steps or 0):
-            self.switch()
+    @property
+    def _out(self) -> bool:
+        return self.comm.rank in self.removed
 
-    def switch(self) -> None:
-        """Hand the BSP shards' state to ASP shards (collective), timed."""
-        assert isinstance(self.server, PartialServer) and self._settings is not None, "setup() first"
+    def _policy_on(self) -> bool:
+        return self.config.policy != "none" and self.bsp_done < self.switch_step
+
+    # -- per iteration -------------------------------------------------------------------------
+    def compute(self, step: int, forward_backward: Callable[[], torch.Tensor]) -> torch.Tensor | None:
+        if self._out:
+            return None  # out of BSP until the switch point: this iteration's batch is skipped
         t0 = time.perf_counter()
-        self.server.set_idle(True)  # no BSP round waits for a worker that is switching
-        self.comm.barrier()  # every worker's last BSP round has closed and been read
-        momentum = self.server._shard.momentum_buf * self.comm.world_size
+        loss = forward_backward()
+        self._busy_s += time.perf_counter() - t0
+        self._busy_iters += 1
+        return loss
+
+    def _before_step(self, step: int) -> bool:
+        return False if self._out else super()._before_step(step)
+
+    def _after_comm(self, step: int) -> None:
+        last = step + 1 >= (self.ctx.steps or 0)
+        if self.phase == "bsp":
+            self.bsp_done += 1
+            if self.bsp_done == self.switch_step:
+                if not last:
+                    self.switch("asp", step + 1, "switch point", final=True)
+                return
+        if self._policy_on() and (step + 1) % self.config.window == 0 and not last:
+            self._detect(step + 1)
+
+    def _detect(self, next_step: int) -> None:
+        """Exchange the window's throughput (collective) and act on stragglers."""
+        mine = None if self._out or self._busy_s <= 0 else self._busy_iters / self._busy_s
+        self._busy_s, self._busy_iters = 0.0, 0
+        throughput = self.comm.allgather_object(mine)
+        below = below_mean_minus_std(throughput, self.config.min_gap)
+        self._flagged = [n + 1 if w in below else 0 for w, n in enumerate(self._flagged)]
+        self._clean = 0 if below else self._clean + 1
+        stragglers = sorted(w for w, n in enumerate(self._flagged) if n >= self.config.consecutive)
+        if self.config.policy == "greedy":
+            if self.phase == "bsp" and stragglers:
+                self._note(next_step, "straggler", stragglers, throughput)
+                self.switch("asp", next_step, f"stragglers {stragglers}")
+            elif self.phase == "asp" and self._clean >= self.config.consecutive:
+                self._note(next_step, "straggler-free", [], throughput)
+                self.switch("bsp", next_step, "straggler-free")
+        elif self.config.policy == "elastic" and self.phase == "bsp" and stragglers:
+            room = int(self.config.max_removed * self.comm.world_size) - len(self.removed)
+            newly = [w for w in stragglers if w not in self.removed][:max(0, room)]
+            if newly:
+                self._note(next_step, "removed", newly, throughput)
+                if self.comm.rank in newly:
+                    assert isinstance(self.server, PartialServer)
+                    self.server.set_idle(True)  # rounds close without it from now on
+                self.removed.update(newly)
+                for w in newly:
+                    self._flagged[w] = 0
+
+    def _note(self, step: int, event: str, workers: list[int], throughput: list[float | None]) -> None:
+        self.detections.append({"step": step, "event": event, "workers": workers,
+                                "throughput": [None if t is None else round(t, 2) for t in throughput]})
+
+    def switch(self, to: str, next_step: int, reason: str, *, final: bool = False) -> None:
+        """Hand the servers' state to servers of protocol ``to`` (collective), timed."""
+        assert self._settings is not None and self.server is not None, "setup() first"
+        t0 = time.perf_counter()
+        if isinstance(self.server, PartialServer):
+            self.server.set_idle(True)  # no BSP round waits for a worker that is switching
+        self.comm.barrier()  # every worker's last push has been applied and answered
+        self.server.pull()  # the settled parameters, also for workers that were out of the rounds
+        k = self.comm.world_size
+        momentum = self.server._shard.momentum_buf * (k if to == "asp" else 1 / k)
         self.server.close()
-        self.phase = "asp"
+        self.phase = to
+        if to == "asp":
+            self.removed.clear()  # the full cluster trains the ASP phase
         settings = dict(self._settings, lr=self._server_lr(self._loop_lr))
         self.server = self._make_server(settings)
         self.server._shard.momentum_buf[:] = momentum
-        self.comm.barrier()  # no push reaches an ASP shard before its momentum is in place
-        self.switch_s = time.perf_counter() - t0
+        self.comm.barrier()  # no push reaches a new shard before its momentum is in place
+        self._flagged = [0] * k
+        self._clean = 0
+        self.switches.append({"step": next_step, "to": to, "reason": reason, "final": final,
+                              "s": time.perf_counter() - t0})
+
+    def final_model(self) -> nn.Module:
+        assert self.server is not None, "setup() first"
+        if isinstance(self.server, PartialServer):
+            self.server.pull_settled(stay_idle=self._out)
+        else:
+            self.server.pull_settled()
+        return super()._handed_back()
 
     def stats(self) -> dict[str, object]:
-        return {"switch_step": self.switch_step if self.switch_step < (self.ctx.steps or 0) else None,
-                "switch_s": self.switch_s, "phase": self.phase}
+        final = [s for s in self.switches if s["final"]]
+        return {"switch_step": final[0]["step"] if final else None, "switch_s": self.switch_s,
+                "phase": self.phase, "bsp_iterations": self.bsp_done,
+                "switches": [dict(s, s=round(s["s"], 4)) for s in self.switches],
+                "detections": self.detections}

@@ -268,3 +268,36 @@ def specsync_run(comm, steps: int, sleep_s: list[float], abort_time_s: float):
     final = torch.nn.utils.parameters_to_vector(strategy.final_model().parameters()).detach().clone()
     strategy.close()
     return start, final, strategy.stats(), runs
+
+
+def sync_switch_policy_run(comm, steps: int, switch_at: float, policy: str):
+    """``sync-switch`` with a straggler ``policy`` (windows of 2 iterations, one window makes a
+    straggler, no momentum, lr 0.1) on a 3 x 2 linear layer: the gradient is ``(r + 1)(t + 1)``
+    on rank r in BSP and ``t + 1`` in ASP. Every rank's forward/backward takes 10 ms, rank 3's
+    100 ms in its first 4 iterations. Returns the start, the handed-back parameters, the stats
+    and the iterations each rank computed."""
+    from dssync.strategies import SyncSwitchStrategy
+
+    model = nn.Linear(3, 2)
+    config = SyncSwitchStrategy.Config(switch_at=switch_at, policy=policy, window=2, consecutive=1)
+    strategy = SyncSwitchStrategy(StrategyContext(comm=comm, model=model, topology=Topology.from_rack_sizes(
+        [comm.world_size]), steps=steps), config)
+    optimizer = strategy.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    strategy.setup()
+    start = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    computed = []
+    for step in range(steps):
+        def forward_backward(step=step):
+            time.sleep(0.1 if comm.rank == 3 and step < 4 else 0.01)
+            scale = (comm.rank + 1) if strategy.phase == "bsp" else 1
+            for p in model.parameters():
+                p.grad = torch.full_like(p, float(scale * (step + 1)))
+            computed.append(step)
+
+        strategy.compute(step, forward_backward)
+        strategy.before_step(step)
+        optimizer.step()
+        strategy.after_step(step)
+    final = torch.nn.utils.parameters_to_vector(strategy.final_model().parameters()).detach().clone()
+    strategy.close()
+    return start, final, strategy.stats(), computed

@@ -11,6 +11,7 @@ from ranks import (
     psp_pushes,
     seeded_vector,
     specsync_run,
+    sync_switch_policy_run,
     sync_switch_run,
 )
 
@@ -175,7 +176,8 @@ def test_sync_switch_trains_bsp_then_hands_the_shards_to_asp():
         return want - moved
 
     for _, _, final, stats in out:
-        assert stats == {"switch_step": 3, "switch_s": stats["switch_s"], "phase": "asp"} and stats["switch_s"] > 0
+        assert stats["switch_step"] == 3 and stats["phase"] == "asp" and stats["switch_s"] > 0
+        assert [(s["to"], s["step"], s["final"]) for s in stats["switches"]] == [("asp", 3, True)]
         torch.testing.assert_close(final, asp_step(n * velocity))
         assert not torch.allclose(final, asp_step(0.0))  # a switch that dropped the momentum would differ
 
@@ -212,3 +214,47 @@ def test_specsync_restarts_a_stale_worker_once_and_loses_no_push():
     assert restarts == [sum(r == 2 for r in runs) for _, _, _, runs in out]
     assert aborts[2] >= 1, stats  # the slow worker is overtaken in every window while the others run
     assert sum(aborts) <= stats[0]["resyncs_sent"] <= n * (steps - 1), stats  # iteration 0 has no notify
+
+
+def _sync_switch_oracle(n: int, lr: float, phases: list[tuple[int, str, list[int]]]) -> float:
+    """How far every parameter moves: BSP steps apply lr * sum over the workers in the round of
+    (r + 1)(t + 1) / n, ASP steps lr / n * (t + 1) per worker (no momentum, so order-free)."""
+    moved = 0.0
+    for t, phase, workers in phases:
+        moved += lr * sum((r + 1) * (t + 1) for r in workers) / n if phase == "bsp" else lr / n * (t + 1) * len(workers)
+    return moved
+
+
+def test_sync_switch_elastic_trains_bsp_without_the_straggler_until_the_switch_point():
+    """4 workers, 10 steps, BSP for 4, windows of 2 iterations; worker 3 is ten times slower for
+    its first iterations. Elastic removes it after the first window, BSP rounds go on with
+    the other three (sum / k), and it rejoins for ASP at the switch point."""
+    n, steps, lr = 4, 10, 0.1
+    out = run_ranks(sync_switch_policy_run, steps, 0.4, "elastic", nproc=n, timeout_s=90)
+    everyone, three = list(range(n)), [0, 1, 2]
+    phases = [(0, "bsp", everyone), (1, "bsp", everyone), (2, "bsp", three), (3, "bsp", three)]
+    phases += [(t, "asp", everyone) for t in range(4, steps)]
+    want = out[0][0] - _sync_switch_oracle(n, lr, phases)
+    for rank, (_, final, stats, computed) in enumerate(out):
+        assert [(d["event"], d["step"], d["workers"]) for d in stats["detections"]] == [("removed", 2, [3])], stats
+        assert [(s["to"], s["step"], s["final"]) for s in stats["switches"]] == [("asp", 4, True)]
+        assert computed == ([0, 1] + list(range(4, steps)) if rank == 3 else list(range(steps)))
+        torch.testing.assert_close(final, want)
+
+
+def test_sync_switch_greedy_switches_to_asp_on_a_straggler_and_back_when_it_is_gone():
+    """The same straggler (slow for its first 4 iterations): greedy switches everyone to ASP
+    after the first window, back to BSP once a window passes without a straggler, and to ASP
+    for good when the 4 BSP iterations are done."""
+    n, steps, lr = 4, 10, 0.1
+    out = run_ranks(sync_switch_policy_run, steps, 0.4, "greedy", nproc=n, timeout_s=90)
+    everyone = list(range(n))
+    bsp = {0, 1, 6, 7}
+    phases = [(t, "bsp" if t in bsp else "asp", everyone) for t in range(steps)]
+    want = out[0][0] - _sync_switch_oracle(n, lr, phases)
+    for _, final, stats, computed in out:
+        assert [(s["to"], s["step"], s["final"]) for s in stats["switches"]] == [
+            ("asp", 2, False), ("bsp", 6, False), ("asp", 8, True)], stats
+        assert [d["event"] for d in stats["detections"]] == ["straggler", "straggler-free"]
+        assert stats["bsp_iterations"] == 4 and computed == list(range(steps))
+        torch.testing.assert_close(final, want)

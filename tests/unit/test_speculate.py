@@ -81,3 +81,4 @@ def test_the_scheduler_re_syncs_once_when_the_others_pushed_in_the_window():
         sched.close()
     assert (0, 5) in sent and (2, 9) not in sent
     assert sent.count((0, 5)) == 1
+
