@@ -33,7 +33,7 @@ __all__ = ["compare", "loss_rows", "loss_table", "markdown_table", "parse_varian
 def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = "digits", steps: int = 300,
             repeats: int = 1, eval_every: int = 10, adjust_every: int = 25, model_mb: float = 1.0,
             name: str = "cmp", timeout_s: float = 1800.0, cpu: dict[int, float] | None = None,
-            episodes: Sequence[emulate.Episode] = (),
+            episodes: Sequence[emulate.Episode] = (), lr: float | None = None,
             progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Train every strategy on every scenario; one ``train --json`` record per run, plus
     ``scenario`` and ``repeat``. ``cpu`` caps workers' CPU (rank -> cores): stragglers on
@@ -65,6 +65,8 @@ def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = 
                     args = ["--strategy", base, "--task", task, "--steps", str(steps), "--seed", str(rep),
                             "--eval-every", str(eval_every), "--rack-sizes", sizes, "--model-mb", str(model_mb)]
                     args += [a for kv in settings for a in ("--set", kv)]
+                    if lr is not None:
+                        args += ["--lr", str(lr)]
                     if base == "ds-sync" and adjust_every:
                         args += ["--adjust-every", str(adjust_every)]
                     try:

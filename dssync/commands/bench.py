@@ -47,6 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--eval-every", type=int, default=10)
     c.add_argument("--adjust-every", type=int, default=25, help="ds-sync's regrouping interval (0: off)")
     c.add_argument("--model-mb", type=float, default=1.0, help="model size of the synthetic task")
+    c.add_argument("--lr", type=float, default=None, help="the loop's learning rate (train's default: 0.05)")
     c.add_argument("--cpu", nargs="+", default=[], metavar="RANK:CORES",
                    help="stragglers: cap these workers' CPU on every scenario (emulate contend --cpu)")
     c.add_argument("--episode", action="append", default=[], metavar="SPEC",
@@ -261,7 +262,7 @@ def run_compare(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     records = compare(scenarios, strategies, task=args.task, steps=args.steps, repeats=args.repeats,
                       eval_every=args.eval_every, adjust_every=args.adjust_every, model_mb=args.model_mb, cpu=cpu,
-                      episodes=episodes,
+                      episodes=episodes, lr=args.lr,
                       progress=lambda r: console.print(
                           f"{r['scenario']} {r['strategy']} seed {r['repeat']}: " + (
                               f"FAILED: {r['error']}" if "error" in r else

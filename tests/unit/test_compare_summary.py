@@ -80,3 +80,28 @@ def test_a_strategy_may_carry_train_settings():
     assert parse_variant("allreduce") == ("allreduce", [])
     assert parse_variant("psp:push_quorum=6:pull_fraction=0.75") == ("psp", ["push_quorum=6", "pull_fraction=0.75"])
     assert parse_variant(" psp : delay_s=4 :") == ("psp", ["delay_s=4"])
+
+
+def test_loss_target_counts_iterations_updates_and_aborts_as_medians_over_repeats():
+    from dssync.bench.compare import loss_rows, loss_table
+
+    def loss_run(strategy, repeat, points, aborts=None):
+        stats = [{"aborts": a, "resyncs_sent": 2 * a} if a is not None else {} for a in (aborts or [None])]
+        return {"scenario": "static", "strategy": strategy, "repeat": repeat, "strategy_stats": stats,
+                "curve": [{"step": s, "wall_s": w, "updates": u, "loss": loss} for s, w, u, loss in points]}
+
+    records = [
+        loss_run("asp", 0, [(10, 1.0, 80, 0.9), (20, 2.0, 160, 0.5), (30, 3.0, 240, 0.3)]),
+        loss_run("asp", 1, [(10, 1.0, 80, 0.9), (20, 2.0, 160, 0.7), (30, 3.0, 240, 0.6)]),
+        loss_run("specsync", 0, [(10, 1.5, 80, 0.6), (20, 3.0, 160, 0.4), (30, 4.5, 240, 0.2)], [3, 1]),
+        loss_run("specsync", 1, [(10, 1.5, 80, 0.5), (20, 3.0, 160, 0.3), (30, 4.5, 240, 0.2)], [5, 1]),
+    ]
+    rows = {r["strategy"]: r for r in loss_rows(records, 0.5)}
+    assert rows["asp"]["reached"] == 1 and rows["asp"]["iterations_to_loss"] is None  # repeat 1 never got there
+    assert rows["asp"]["final_loss"] == pytest.approx(0.45)
+    assert rows["specsync"]["iterations_to_loss"] == pytest.approx(15)  # steps 20 and 10
+    assert rows["specsync"]["updates_to_loss"] == pytest.approx(120)
+    assert rows["specsync"]["time_to_loss_s"] == pytest.approx(2.25)
+    assert rows["specsync"]["aborts_per_run"] == pytest.approx(5)  # (3 + 1 + 5 + 1) / 2 runs
+    assert rows["specsync"]["resyncs_sent_per_run"] == pytest.approx(10)
+    assert "| static | specsync | 0.500 | 2/2 | 15 | 120 | 2.2 | 0.200 | 5 | 10 |" in loss_table(list(rows.values()))
