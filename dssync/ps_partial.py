@@ -336,12 +336,14 @@ class PartialServer(ParameterServer):
         pushed = list(self.versions)
         views = self._views(grad.contiguous())
         shard = -1
+        t0 = time.perf_counter()
         try:
             for shard, (sock, payload) in enumerate(zip(self._socks, views, strict=True)):  # noqa: B007
                 sock.sendall(_HEADER.pack(_PUSHPULL, self.rank, pushed[shard], 0, payload.nbytes) + payload)
         except OSError as exc:
             raise CommunicationError(f"rank {self.rank}: push at iteration {clock} to the shard of rank {shard} "
                                      f"failed: {exc or type(exc).__name__}") from None
+        self.last_send_s = time.perf_counter() - t0  # the push alone, before any wait for the round
         self._wait_fresh(pushed, math.ceil(self.pull_fraction * self.n - 1e-9), f"pull at iteration {clock}")
 
     def pull(self) -> None:
