@@ -96,6 +96,10 @@ def _time_to(curve: list[dict[str, float]], target: float) -> tuple[float | None
     return None, None
 
 
+def _fmt(value: Any, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
 def _first_below(curve: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
     """The first evaluation whose test loss is at most ``target``."""
     return next((p for p in curve if p.get("loss") is not None and p["loss"] <= target), None)
@@ -132,17 +136,14 @@ def loss_rows(records: Sequence[dict[str, Any]], target: float) -> list[dict[str
 
 
 def loss_table(rows: Sequence[dict[str, Any]]) -> str:
-    def fmt(value: Any, spec: str) -> str:
-        return "n/a" if value is None else format(value, spec)
-
     lines = ["| scenario | strategy | target loss | reached | iters to target | updates to target | "
              "time to target s | final loss | aborts/run | re-syncs/run |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['scenario']} | {r['strategy']} | {r['target_loss']:.3f} | {r['reached']}/{r['repeats']} | "
-                     f"{fmt(r['iterations_to_loss'], '.0f')} | {fmt(r['updates_to_loss'], '.0f')} | "
-                     f"{fmt(r['time_to_loss_s'], '.1f')} | {r['final_loss']:.3f} | "
-                     f"{fmt(r.get('aborts_per_run'), '.0f')} | {fmt(r.get('resyncs_sent_per_run'), '.0f')} |")
+                     f"{_fmt(r['iterations_to_loss'], '.0f')} | {_fmt(r['updates_to_loss'], '.0f')} | "
+                     f"{_fmt(r['time_to_loss_s'], '.1f')} | {r['final_loss']:.3f} | "
+                     f"{_fmt(r.get('aborts_per_run'), '.0f')} | {_fmt(r.get('resyncs_sent_per_run'), '.0f')} |")
     return "\n".join(lines)
 
 
@@ -198,18 +199,15 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
-    def fmt(value: Any, spec: str) -> str:
-        return "n/a" if value is None else format(value, spec)
-
     lines = ["| scenario | strategy | comm ms/iter | allreduce ÷ this | per-rank comm ms/iter | wall s | "
              "best acc. | target | time to target s | iters to target |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['scenario']} | {r['strategy']} | {r['comm_ms_per_iter']:.1f} | "
-                     f"{fmt(r['allreduce_over_this_comm'], '.2f')} | {fmt(r.get('rank_comm_ms_per_iter'), '.1f')} | "
+                     f"{_fmt(r['allreduce_over_this_comm'], '.2f')} | {_fmt(r.get('rank_comm_ms_per_iter'), '.1f')} | "
                      f"{r['wall_s']:.1f} | "
-                     f"{r['best_accuracy']:.4f} | {fmt(r['target_accuracy'], '.4f')} | "
-                     f"{fmt(r['time_to_target_s'], '.1f')} | {fmt(r['iterations_to_target'], '.0f')} |")
+                     f"{r['best_accuracy']:.4f} | {_fmt(r['target_accuracy'], '.4f')} | "
+                     f"{_fmt(r['time_to_target_s'], '.1f')} | {_fmt(r['iterations_to_target'], '.0f')} |")
     failures = [f"{r['scenario']} {r['strategy']}: {r['failed']} of {r['repeats'] + r['failed']} runs failed"
                 for r in rows if r.get("failed")]
     if failures:

@@ -30,6 +30,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -72,6 +73,38 @@ def _local_address() -> str:
             return s.getsockname()[0]
         except OSError:
             return "127.0.0.1"
+
+
+def accept_each(listener: socket.socket, count: int, serve: Callable[[socket.socket], None], name: str,
+                threads: list[threading.Thread]) -> None:
+    """Accept ``count`` connections on ``listener`` (until it fails or closes), each served by
+    ``serve`` from a daemon thread of its own added to ``threads``; then close the listener."""
+    for _ in range(count):
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        t = threading.Thread(target=serve, args=(conn,), name=name, daemon=True)
+        t.start()
+        threads.append(t)
+    listener.close()
+
+
+def connect(addr: tuple[str, int], timeout_s: float, what: str) -> socket.socket:
+    """A TCP_NODELAY connection to ``addr``, retried while the peer is not listening yet; after
+    ``timeout_s`` a ``CommunicationError`` names ``what`` could not be reached."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            sock = socket.create_connection(addr, timeout=timeout_s)
+            break
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise CommunicationError(f"{what} at {addr[0]}:{addr[1]}: {exc}") from None
+            time.sleep(0.05)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 class _Shard:
@@ -155,16 +188,7 @@ class ParameterServer:
         return _Shard(params, self.n, lr=lr, momentum=momentum, staleness=staleness, timeout_s=self.timeout_s)
 
     def _accept(self) -> None:
-        for _ in range(self.n):
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            t = threading.Thread(target=self._serve, args=(conn,), name=f"ps-serve-{self.rank}", daemon=True)
-            t.start()
-            self._threads.append(t)
-        self._listener.close()
+        accept_each(self._listener, self.n, self._serve, f"ps-serve-{self.rank}", self._threads)
 
     def _serve(self, conn: socket.socket) -> None:
         shard = self._shard
@@ -196,18 +220,8 @@ class ParameterServer:
 
     # -- client side ------------------------------------------------------------------------
     def _connect(self, shard: int, addr: tuple[str, int]) -> socket.socket:
-        deadline = time.monotonic() + self._client_timeout_s
-        while True:
-            try:
-                sock = socket.create_connection(addr, timeout=self._client_timeout_s)
-                break
-            except OSError as exc:
-                if time.monotonic() > deadline:
-                    raise CommunicationError(f"rank {self.rank}: cannot reach the parameter-server shard of "
-                                             f"rank {shard} at {addr[0]}:{addr[1]}: {exc}") from None
-                time.sleep(0.05)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return sock
+        return connect(addr, self._client_timeout_s,
+                       f"rank {self.rank}: cannot reach the parameter-server shard of rank {shard}")
 
     def _views(self, tensor: torch.Tensor) -> list[memoryview]:
         arr = tensor.numpy()

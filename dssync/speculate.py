@@ -22,8 +22,7 @@ worker abandons the computation, pulls again and recomputes the same mini-batch.
 Choices the paper leaves open (digest section 2.5), made here:
 
 1. Gain ``u_j(D)`` of the iteration started at notify ``j``: the pushes by *other* workers in
-   ``(t_j, t_j + D]``, counted over the whole log (so pushes after the epoch's end count for
-   its last starts); the candidates ``D`` are the positive differences between any two pushes
+   ``(t_j, t_j + D]`` within the same epoch (tuning runs as the epoch ends); the candidates ``D`` are the positive differences between any two pushes
    of the last epoch, same worker included.
 2. Loss: ``(m - 1) D / T_i`` with ``T_i`` worker ``i``'s own iteration span, an exponentially
    weighted mean (weight 0.3) of the spacing of its notifies; the abort threshold is per
@@ -51,7 +50,7 @@ import numpy as np
 
 from dssync.collectives import Communicator
 from dssync.errors import CommunicationError
-from dssync.ps import _local_address, _recv_exact
+from dssync.ps import _local_address, _recv_exact, accept_each, connect
 
 __all__ = ["Scheduler", "SchedulerClient", "Tuning", "tune"]
 
@@ -70,38 +69,34 @@ class Tuning:
     """Eq. 7's estimate at ``abort_time`` (pushes uncovered minus pushes missed, per epoch)."""
 
 
-def net_gain(delta: float, starts: np.ndarray, start_workers: np.ndarray, pushes: np.ndarray,
-             push_workers: np.ndarray, spans: np.ndarray, m: int) -> float:
-    """Eq. 7: sum over the epoch's starts of (others' pushes in (t, t + delta]) - (m - 1) delta / T_i."""
-    lo = starts[:, None] < pushes[None, :]
-    hi = pushes[None, :] <= starts[:, None] + delta
-    other = start_workers[:, None] != push_workers[None, :]
-    gain = (lo & hi & other).sum()
-    return float(gain - (m - 1) * delta * (1.0 / spans[start_workers]).sum())
+def net_gain(delta: float, times: np.ndarray, workers: np.ndarray, spans: np.ndarray, m: int) -> float:
+    """Eq. 7 over one epoch's notifies (each a push and the start of that worker's next
+    iteration): sum over the starts of (others' pushes in (t, t + delta]) - (m - 1) delta / T_i."""
+    window = (times[:, None] < times[None, :]) & (times[None, :] <= times[:, None] + delta)
+    gain = (window & (workers[:, None] != workers[None, :])).sum()
+    return float(gain - (m - 1) * delta * (1.0 / spans[workers]).sum())
 
 
-def tune(epoch: Sequence[tuple[float, int]], log: Sequence[tuple[float, int]], spans: Mapping[int, float],
-         m: int, *, max_fraction: float = 0.5) -> Tuning:
+def tune(epoch: Sequence[tuple[float, int]], spans: Mapping[int, float], m: int, *,
+         max_fraction: float = 0.5) -> Tuning:
     """Algorithm 1: the ``ABORT_TIME`` with the greatest estimated net freshness gain.
 
     ``epoch``: the last epoch's notifies ``(time, worker)``, each a push and the start of
-    that worker's next iteration; ``log``: every notify known (the epoch's and later ones);
-    ``spans``: each worker's iteration span (s). Candidates are the positive differences of
-    the epoch's push times, up to ``max_fraction`` of the mean span.
+    that worker's next iteration; ``spans``: each worker's iteration span (s). Candidates are
+    the positive differences of the epoch's push times, up to ``max_fraction`` of the mean
+    span.
     """
     if not epoch or len(spans) < m or m < 2:
         return Tuning(0.0, 0.0, 0.0)
     span = np.array([spans[w] for w in range(m)], dtype=float)
     mean_span = float(span.mean())
-    starts = np.array([t for t, _ in epoch])
-    start_workers = np.array([w for _, w in epoch])
-    pushes = np.array([t for t, _ in log])
-    push_workers = np.array([w for _, w in log])
-    diffs = np.abs(starts[:, None] - starts[None, :]).ravel()
+    times = np.array([t for t, _ in epoch])
+    workers = np.array([w for _, w in epoch])
+    diffs = np.abs(times[:, None] - times[None, :]).ravel()
     candidates = np.unique(diffs[(diffs > 0) & (diffs <= max_fraction * mean_span)])
     best = Tuning(0.0, 0.0, 0.0)
     for delta in candidates:
-        f = net_gain(float(delta), starts, start_workers, pushes, push_workers, span, m)
+        f = net_gain(float(delta), times, workers, span, m)
         if f > best.net_gain:
             best = Tuning(float(delta), float(delta) * (m - 1) / (mean_span * m), f)
     return best
@@ -139,16 +134,7 @@ class Scheduler:
             t.start()
 
     def _accept(self) -> None:
-        for _ in range(self.m):
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            t = threading.Thread(target=self._serve, args=(conn,), name="specsync-serve", daemon=True)
-            t.start()
-            self._threads.append(t)
-        self._listener.close()
+        accept_each(self._listener, self.m, self._serve, "specsync-serve", self._threads)
 
     def _serve(self, conn: socket.socket) -> None:
         buf = bytearray(_MSG.size)
@@ -176,7 +162,7 @@ class Scheduler:
         if not self.fixed and len(self.log) - self._epoch_start >= self.m:  # an epoch has ended
             epoch = self.log[self._epoch_start:]
             self._epoch_start = len(self.log)
-            self.tuning = tune(epoch, epoch, self._spans, self.m, max_fraction=self.max_fraction)
+            self.tuning = tune(epoch, self._spans, self.m, max_fraction=self.max_fraction)
             self.tunings.append(self.tuning)
         delta = self.tuning.abort_time_s
         if delta <= 0:
@@ -241,17 +227,7 @@ class SchedulerClient:
     def __init__(self, comm: Communicator, address: tuple[str, int] | None, *, timeout_s: float) -> None:
         self.rank = comm.rank
         addr = comm.allgather_object(address)[0]
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                self._sock = socket.create_connection(tuple(addr), timeout=timeout_s)
-                break
-            except OSError as exc:
-                if time.monotonic() > deadline:
-                    raise CommunicationError(f"rank {self.rank}: cannot reach the SpecSync scheduler on rank 0 "
-                                             f"at {addr[0]}:{addr[1]}: {exc}") from None
-                time.sleep(0.05)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock = connect(tuple(addr), timeout_s, f"rank {self.rank}: cannot reach the SpecSync scheduler on rank 0")
         self._sock.settimeout(None)
         self._lock = threading.Lock()
         self._iteration = -1

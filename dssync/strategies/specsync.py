@@ -16,6 +16,7 @@ most one restart per iteration. ``abort_time_s = 0`` (the default) is the adapti
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -152,8 +153,8 @@ class SpecSyncStrategy(ASPStrategy):
             out.update(resyncs_sent=sum(self.scheduler.resyncs), notifies=len(self.scheduler.log),
                        epochs_tuned=len(self.scheduler.tunings), epochs_speculating=len(tunings))
             if tunings:
-                out.update(abort_time_ms_median=round(1e3 * sorted(t.abort_time_s for t in tunings)[len(tunings) // 2], 3),
-                           abort_rate_median=round(sorted(t.abort_rate for t in tunings)[len(tunings) // 2], 4))
+                out.update(abort_time_ms_median=round(1e3 * statistics.median(t.abort_time_s for t in tunings), 3),
+                           abort_rate_median=round(statistics.median(t.abort_rate for t in tunings), 4))
             elif self.config.abort_time_s > 0:
                 out.update(abort_time_ms=1e3 * self.config.abort_time_s, abort_rate=self.config.abort_rate)
         return out

@@ -169,9 +169,7 @@ class SyncSwitchStrategy(ASPStrategy):
         # The worker's own time: from holding the new parameters to its gradient sent (its
         # computation, and for a BSP round the push alone, not the wait for the others; an
         # ASP push-and-pull waits for nobody). A throttled CPU or a slow NIC both show here.
-        own = time.perf_counter() - t0
-        if isinstance(self.server, PartialServer):
-            own = self.server.last_send_s
+        own = self.server.last_send_s if isinstance(self.server, PartialServer) else time.perf_counter() - t0
         if self._ready_at is not None:
             self._busy_s += t0 - self._ready_at + own
             self._busy_iters += 1

@@ -21,7 +21,7 @@ def test_net_gain_counts_only_other_workers_in_the_half_open_window():
     epoch = [(0.0, 0), (1.0, 1), (1.5, 0), (2.0, 2)]
     spans = {0: 2.0, 1: 2.0, 2: 2.0}
     arrays = [np.array([t for t, _ in epoch]), np.array([w for _, w in epoch])]
-    got = net_gain(1.0, arrays[0], arrays[1], arrays[0], arrays[1], np.array([2.0, 2.0, 2.0]), 3)
+    got = net_gain(1.0, arrays[0], arrays[1], np.array([2.0, 2.0, 2.0]), 3)
     # starts: 0.0 (w0) sees 1.0 (w1) -> 1; 1.0 (w1) sees 1.5 (w0), 2.0 (w2) -> 2; 1.5 (w0) sees 2.0 -> 1; 2.0 -> 0
     assert got == pytest.approx(4 - 4 * 2 * 1.0 / 2.0)
     assert got == pytest.approx(brute_force_gain(1.0, epoch, spans, 3))
@@ -33,7 +33,7 @@ def test_tuning_finds_the_best_window_a_fine_grid_can_find(seed):
     m = int(rng.integers(3, 9))
     spans = {w: float(rng.uniform(0.5, 3.0)) for w in range(m)}
     epoch = sorted((float(rng.uniform(0, 3)), int(rng.integers(0, m))) for _ in range(m))
-    best = tune(epoch, epoch, spans, m)
+    best = tune(epoch, spans, m)
     cap = 0.5 * np.mean(list(spans.values()))
     grid = [brute_force_gain(d, epoch, spans, m) for d in np.linspace(1e-6, cap, 4001)]
     # The gain is a step function of delta and the loss grows with it: the best delta is one of
@@ -49,8 +49,8 @@ def test_tuning_finds_the_best_window_a_fine_grid_can_find(seed):
 
 
 def test_tuning_does_not_speculate_without_history_or_peers():
-    assert tune([], [], {}, 4).abort_time_s == 0
-    assert tune([(0.0, 0)], [(0.0, 0)], {0: 1.0}, 1).abort_time_s == 0
+    assert tune([], {}, 4).abort_time_s == 0
+    assert tune([(0.0, 0)], {0: 1.0}, 1).abort_time_s == 0
 
 
 def test_a_slow_worker_among_bursty_fast_ones_gains_from_waiting():
@@ -59,7 +59,7 @@ def test_a_slow_worker_among_bursty_fast_ones_gains_from_waiting():
     m = 4
     epoch = [(0.0, 3), (0.05, 0), (0.06, 1), (0.07, 2)]
     spans = {0: 0.2, 1: 0.2, 2: 0.2, 3: 1.0}
-    best = tune(epoch, epoch, spans, m)
+    best = tune(epoch, spans, m)
     assert best.abort_time_s == pytest.approx(0.07)
     assert best.net_gain > 0
 
