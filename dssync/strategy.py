@@ -6,8 +6,8 @@ optimizer step. The training loop calls, per iteration::
     strategy.compute(step, forward_backward)  # forward, zero_grad, backward
     strategy.before_step(step); optimizer.step(); strategy.after_step(step)
 
-``compute`` runs the loop's forward and backward once; a strategy that may abandon and
-restart a computation (``specsync``) overrides it.
+``compute`` runs the loop's forward and backward once, through ``training_module()``; a
+strategy that may abandon and restart a computation (``specsync``) overrides it.
 
 ``before_step`` and ``after_step`` are the public template methods: they time the
 strategy's communication (``comm_s``, one sample per iteration, seconds on this rank) and
@@ -81,6 +81,12 @@ class Strategy(ABC):  # noqa: B024 - every hook has a no-op default
         """The optimizer the loop should call; strategies that step inside backward replace it."""
         return optimizer
 
+    def training_module(self) -> nn.Module:
+        """The module the loop runs forward and backward through, after ``setup()``: the model
+        itself, or a wrapper that communicates in backward (``ddp``'s
+        ``DistributedDataParallel``). Evaluation always uses the model handed back."""
+        return self.model
+
     def schedule_changes(self) -> list[dict[str, Any]]:
         """``[{step, reason, schedule}]`` for strategies that follow a schedule."""
         return []
@@ -99,6 +105,11 @@ class Strategy(ABC):  # noqa: B024 - every hook has a no-op default
         """The model to evaluate in the middle of a run (collective like ``final_model``,
         which it is unless a strategy can read its model without stopping the workers)."""
         return self.final_model()
+
+    def snapshot_is_collective(self) -> bool:
+        """Whether ``snapshot()`` is called by every rank at the same iteration, so that the
+        loop may also agree on stopping there (False where rank 0 reads it alone)."""
+        return True
 
     # -- per iteration (template methods) ------------------------------------------------------
     def compute(self, step: int, forward_backward: Callable[[], torch.Tensor]) -> torch.Tensor:

@@ -7,8 +7,11 @@ rank under a launcher) and returns rank 0's result: the ``train --json`` record.
 from __future__ import annotations
 
 import copy
+import functools
+import math
 import statistics
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,7 +29,7 @@ from dssync.tasks import TASKS, build_task
 from dssync.topology import Topology
 from dssync.topology.probe import ProbeConfig, host_name, probe_rank
 
-__all__ = ["TrainConfig", "summarize_comm", "train", "train_rank"]
+__all__ = ["LR_SCHEDULES", "TrainConfig", "lr_factor", "per_rank_comm_ms", "summarize_comm", "train", "train_rank"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +53,15 @@ class TrainConfig:
     topology: Topology | None = None
     schedule: Schedule | None = None
     strategy_options: dict[str, Any] = field(default_factory=dict)
+    lr_schedule: str = "constant"
+    """``constant`` or ``cosine`` (to zero at ``steps``), after ``warmup_steps``: see ``lr_factor``."""
+    warmup_steps: int = 0
+    """Linear warm-up of the learning rate over the first this many iterations (Goyal et al.'s
+    gradual warm-up for a large overall batch, which seed 003 section V-A.3 uses)."""
+    target_accuracy: float | None = None
+    """Stop once the handed-back model reaches this test accuracy at an evaluation (time to
+    accuracy, DESIGN section 7); ``steps`` is then the cap. Strategies whose mid-run snapshots
+    stop no worker (asp, ssp, specsync) evaluate after the loop and run to the cap."""
     timeout_s: float = 300.0
     progress: bool = False
     backend: str = "torch"
@@ -64,10 +76,31 @@ class TrainConfig:
         for name in ("steps", "batch_size", "eval_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
+        if not self.lr > 0 or self.lr == float("inf"):
+            raise ValueError(f"lr must be a positive number, got {self.lr}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"unknown lr_schedule {self.lr_schedule!r}; choose from {', '.join(LR_SCHEDULES)}")
+        if not 0 <= self.warmup_steps < self.steps:
+            raise ValueError(f"warmup_steps must be in [0, steps), got {self.warmup_steps} of {self.steps}")
+        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
+            raise ValueError(f"target_accuracy must be in (0, 1], got {self.target_accuracy}")
         if self.model_mb <= 0:
             raise ValueError(f"model size must be positive, got {self.model_mb} MB")
+
+
+LR_SCHEDULES = ("constant", "cosine")
+
+
+def lr_factor(step: int, *, steps: int, schedule: str = "constant", warmup_steps: int = 0) -> float:
+    """The learning rate of iteration ``step`` as a fraction of the configured one: linear
+    warm-up from ``1 / warmup_steps`` to 1 over the first ``warmup_steps`` iterations, then
+    constant, or a half cosine from 1 to 0 at ``steps`` (``torch.optim.lr_scheduler.LambdaLR``
+    applies it)."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warmup_steps) / max(1, steps - warmup_steps))))
 
 
 def comm_warmup(steps: int) -> int:
@@ -80,6 +113,17 @@ def summarize_comm(samples_by_rank: list[list[float]], *, warmup: int) -> tuple[
     per_iter = [max(s) * 1e3 for s in zip(*samples_by_rank, strict=True)]
     kept = per_iter[warmup:] or per_iter
     return (statistics.median(kept) if kept else 0.0), per_iter
+
+
+def per_rank_comm_ms(samples_by_rank: list[list[float]], *, warmup: int) -> float:
+    """DESIGN section 7's headline: each rank's own mean comm time per iteration after
+    ``warmup`` (seconds in, ms out), averaged over the ranks.
+
+    The per-iteration maximum over ranks (``summarize_comm``) charges protocols whose groups
+    run out of step (ds-sync, gossip) for a wait that a different rank pays each iteration, so
+    the maxima add up to more than the run's wall time; this is what a rank actually spends."""
+    means = [statistics.fmean(mine[warmup:] or mine) for mine in samples_by_rank if mine]
+    return 1e3 * statistics.fmean(means) if means else 0.0
 
 
 def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
@@ -98,20 +142,29 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
         StrategyContext(comm=comm, model=model, topology=topology, schedule=cfg.schedule, steps=cfg.steps),
         cls.Config(**cfg.strategy_options),
     )
-    optimizer = strategy.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum))
+    base = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    optimizer = strategy.wrap_optimizer(base)  # before the scheduler: strategies read the set rate
+    scheduler = torch.optim.lr_scheduler.LambdaLR(base, functools.partial(
+        lr_factor, steps=cfg.steps, schedule=cfg.lr_schedule, warmup_steps=cfg.warmup_steps))
     strategy.setup()
+    net = strategy.training_module()
     batches = task.batches(rank, world_size, cfg.batch_size, cfg.seed)
+    # With a target, rank 0 evaluates at once and every rank learns whether to stop; a strategy
+    # whose snapshots stop no worker would train on during that evaluation, so it does not.
+    inline = cfg.target_accuracy is not None and strategy.snapshot_is_collective()
 
     progress = _progress(cfg, world_size) if cfg.progress and rank == 0 else None
     snapshots: list[tuple[dict[str, Any], torch.nn.Module]] = []
+    curve: list[dict[str, Any]] = []
     eval_s = 0.0
+    steps_run = cfg.steps
     comm.barrier()
     start = time.perf_counter()
     for step in range(cfg.steps):
         x, y = next(batches)
 
         def forward_backward(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
-            loss = F.cross_entropy(model(x), y)
+            loss = F.cross_entropy(net(x), y)
             optimizer.zero_grad()
             loss.backward()
             return loss
@@ -120,19 +173,36 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
         strategy.before_step(step)
         optimizer.step()
         strategy.after_step(step)
-        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
-            t0 = time.perf_counter()
-            last = step + 1 == cfg.steps
-            handed_back = strategy.final_model() if last else strategy.snapshot()  # collective for some
-            if rank == 0:  # evaluated after the loop: rank 0 stops only for the copy
-                point: dict[str, Any] = {"step": step + 1, "wall_s": t0 - start - eval_s}
-                updates = strategy.global_updates()
-                if updates is not None:
-                    point["updates"] = updates
-                snapshots.append((point, copy.deepcopy(handed_back)))
-            eval_s += time.perf_counter() - t0
+        with warnings.catch_warnings():  # strategies that step elsewhere never call base.step()
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
+            scheduler.step()
         if progress is not None:
             progress[0].update(progress[1], advance=1)
+        if (step + 1) % cfg.eval_every and step + 1 != cfg.steps:
+            continue
+        t0 = time.perf_counter()
+        last = step + 1 == cfg.steps
+        handed_back = strategy.final_model() if last else strategy.snapshot()  # collective for some
+        stop = False
+        if rank == 0:
+            point: dict[str, Any] = {"step": step + 1, "wall_s": t0 - start - eval_s}
+            updates = strategy.global_updates()
+            if updates is not None:
+                point["updates"] = updates
+            if inline:
+                point["accuracy"], point["loss"] = task.evaluate(handed_back)
+                curve.append(point)
+                stop = point["accuracy"] >= cfg.target_accuracy - 1e-12
+            else:  # evaluated after the loop: rank 0 stops only for the copy
+                snapshots.append((point, copy.deepcopy(handed_back)))
+        if inline and not last:
+            flag = torch.tensor([float(stop)])
+            comm.broadcast_(flag, src=0)
+            stop = bool(flag.item())
+        eval_s += time.perf_counter() - t0
+        if stop:
+            steps_run = step + 1
+            break
     wall_s = time.perf_counter() - start - eval_s
     if progress is not None:
         progress[0].stop()
@@ -142,15 +212,17 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
     stats = comm.allgather_object(strategy.stats())
     if rank != 0:
         return None
-    curve = []
     for point, snapshot in snapshots:
         point["accuracy"], point["loss"] = task.evaluate(snapshot)
         curve.append(point)
-    comm_ms, per_iter = summarize_comm(samples, warmup=comm_warmup(cfg.steps))
+    warmup = comm_warmup(steps_run)
+    comm_ms, per_iter = summarize_comm(samples, warmup=warmup)
+    reached = next((p for p in curve if cfg.target_accuracy is not None
+                    and p["accuracy"] >= cfg.target_accuracy - 1e-12), None)
     changes = strategy.schedule_changes()
     # Comm time under each schedule the run followed: the median of the per-iteration
     # maxima over the iterations it was in force (the first few after a switch included).
-    edges = [c["step"] for c in changes] + [cfg.steps]
+    edges = [c["step"] for c in changes] + [steps_run]
     per_schedule = [{"from_step": a, "to_step": b, "comm_ms_per_iter": statistics.median(per_iter[a:b])}
                     for a, b in zip(edges, edges[1:], strict=False) if b > a]
     return {
@@ -159,10 +231,16 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
         "task": cfg.task,
         "world_size": world_size,
         "steps": cfg.steps,
+        "steps_run": steps_run,
         "final_accuracy": curve[-1]["accuracy"],
         "best_accuracy": max(c["accuracy"] for c in curve),
         "wall_s": wall_s,
+        "wall_ms_per_iter": 1e3 * wall_s / steps_run,
+        "per_rank_comm_ms_per_iter": per_rank_comm_ms(samples, warmup=warmup),
         "comm_ms_per_iter": comm_ms,
+        "target_accuracy": cfg.target_accuracy,
+        "time_to_target_s": None if reached is None else reached["wall_s"],
+        "iterations_to_target": None if reached is None else reached["step"],
         "schedule_changes": changes,
         "topology": {"racks": topology.racks(), "contention": {
             k: v for k, v in dict(topology.contention).items() if k in ("uplinks", "nics")}},

@@ -66,7 +66,7 @@ def test_plan_rejects_malformed_topologies(tmp_path, content, needle):
 
 def test_train_rejects_bad_input_before_starting_ranks(tmp_path):
     assert_one_line_error(dssync("train", "--strategy", "nope", "--nproc", "2"),
-                          "unknown strategy 'nope'", "allreduce, asp, ds-sync, gossip, hierarchical, local-sgd, psp, specsync, ssp, sync-switch")
+                          "unknown strategy 'nope'", "allreduce, asp, ddp, diloco, ds-sync, gossip, hierarchical, local-sgd, psp, specsync, ssp, sync-switch, torch-hier")
     assert_one_line_error(dssync("train", "--strategy", "ds-sync", "--task", "imagenet", "--nproc", "2"),
                           "unknown task 'imagenet'")
     topo = tmp_path / "topology.json"

@@ -13,7 +13,7 @@ from dssync.commands._common import add_topology_options, schedule_from_args, to
 from dssync.launch import from_environ
 from dssync.strategies import REGISTRY, get_strategy
 from dssync.tasks import TASKS
-from dssync.train import TrainConfig, train
+from dssync.train import LR_SCHEDULES, TrainConfig, train
 
 __all__ = ["add_parser", "run", "strategy_settings"]
 
@@ -57,8 +57,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", default="torch", choices=("torch", "mpi", "horovod"),
                    help="collective library (default torch: gloo on CPU, NCCL on CUDA)")
     p.add_argument("--batch-size", type=int, default=32, help="per-rank minibatch")
-    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--lr", type=float, default=0.05, help="peak learning rate of the loop's SGD")
+    p.add_argument("--lr-schedule", default="constant", choices=LR_SCHEDULES,
+                   help="after the warm-up: constant, or a half cosine to zero at --steps")
+    p.add_argument("--warmup-steps", type=int, default=0, metavar="N",
+                   help="linear learning-rate warm-up over the first N iterations (large overall batch)")
     p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--target-accuracy", type=float, default=None, metavar="ACC",
+                   help="stop at the first evaluation whose test accuracy reaches ACC (--steps is the cap); "
+                   "the record gets time_to_target_s")
     p.add_argument("--model-mb", type=float, default=1.0, help="model size of the synthetic task")
     p.add_argument("--ema-decay", type=float, default=None, help="ds-sync: decay of the local EMA model")
     p.add_argument("--overlap", action="store_true",
@@ -109,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
     topology = topology_from_args(args)
     cfg = TrainConfig(
         strategy=args.strategy, task=args.task, steps=args.steps, seed=args.seed,
-        batch_size=args.batch_size, lr=args.lr, eval_every=args.eval_every,
+        batch_size=args.batch_size, lr=args.lr, lr_schedule=args.lr_schedule,
+        warmup_steps=args.warmup_steps, target_accuracy=args.target_accuracy, eval_every=args.eval_every,
         model_mb=args.model_mb, num_racks=args.racks or 2, topology=topology,
         probe_first=args.racks is None,
         schedule=schedule_from_args(args), strategy_options=options, timeout_s=args.timeout,
@@ -123,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.json:
         write_json(args.json, record)
-    summary = {k: record[k] for k in ("strategy", "task", "world_size", "steps", "final_accuracy",
-                                      "best_accuracy", "wall_s", "comm_ms_per_iter")}
+    summary = {k: record[k] for k in ("strategy", "task", "world_size", "steps_run", "final_accuracy",
+                                      "best_accuracy", "wall_s", "per_rank_comm_ms_per_iter",
+                                      "comm_ms_per_iter", "time_to_target_s")}
     print(json.dumps(summary))
     return 0

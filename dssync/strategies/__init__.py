@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dssync.strategies.allreduce import AllreduceStrategy
 from dssync.strategies.asp import ASPStrategy, SSPStrategy
+from dssync.strategies.ddp import DDPStrategy
+from dssync.strategies.diloco import DiLoCoStrategy
 from dssync.strategies.ds_sync import DSSyncStrategy
 from dssync.strategies.gossip import GossipStrategy
 from dssync.strategies.hierarchical import HierarchicalStrategy
@@ -11,17 +13,19 @@ from dssync.strategies.local_sgd import LocalSGDStrategy
 from dssync.strategies.psp import PSPStrategy
 from dssync.strategies.specsync import SpecSyncStrategy
 from dssync.strategies.sync_switch import SyncSwitchStrategy
+from dssync.strategies.torch_hier import TorchHierStrategy
 from dssync.strategy import Strategy
 
 __all__ = [
-    "REGISTRY", "ASPStrategy", "AllreduceStrategy", "DSSyncStrategy", "GossipStrategy", "HierarchicalStrategy",
-    "LocalSGDStrategy", "PSPStrategy", "SSPStrategy", "SpecSyncStrategy", "SyncSwitchStrategy", "get_strategy",
+    "REGISTRY", "ASPStrategy", "AllreduceStrategy", "DDPStrategy", "DSSyncStrategy", "DiLoCoStrategy",
+    "GossipStrategy", "HierarchicalStrategy", "LocalSGDStrategy", "PSPStrategy", "SSPStrategy",
+    "SpecSyncStrategy", "SyncSwitchStrategy", "TorchHierStrategy", "get_strategy",
 ]
 
 REGISTRY: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (AllreduceStrategy, DSSyncStrategy, HierarchicalStrategy, GossipStrategy,
-                              LocalSGDStrategy, ASPStrategy, SSPStrategy, PSPStrategy,
-                              SyncSwitchStrategy, SpecSyncStrategy)
+    cls.name: cls for cls in (DDPStrategy, AllreduceStrategy, DSSyncStrategy, HierarchicalStrategy,
+                              TorchHierStrategy, DiLoCoStrategy, GossipStrategy, LocalSGDStrategy,
+                              ASPStrategy, SSPStrategy, PSPStrategy, SyncSwitchStrategy, SpecSyncStrategy)
 }
 
 

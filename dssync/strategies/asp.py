@@ -64,6 +64,8 @@ class ASPStrategy(Strategy):
         if group.get("weight_decay") or group.get("nesterov") or group.get("dampening"):
             raise DssyncError(f"{self.name}'s servers run plain SGD with momentum: no weight decay, "
                               "dampening or Nesterov")
+        self._group = group
+        self._set_lr = group["lr"]
         self._settings = {"lr": self._server_lr(group["lr"]), "momentum": group.get("momentum", 0.0)}
         return StepsElsewhere(optimizer)
 
@@ -84,8 +86,19 @@ class ASPStrategy(Strategy):
     @torch.no_grad()
     def _before_step(self, step: int) -> bool:
         assert self.server is not None, "setup() first"
-        self.server.push_pull(self._grads.gather(), clock=step)
+        grad = self._grads.gather()
+        # A learning-rate schedule on the loop's optimizer (warm-up, decay) reaches the shards,
+        # which apply the rate set at wrap time, as the gradient scaled by the rate's change:
+        # the momentum buffer then sums rate-weighted gradients (Sutskever's form of momentum),
+        # the same update as torch's SGD while the rate holds still.
+        scale = self._group["lr"] / self._set_lr
+        if scale != 1.0:
+            grad.mul_(scale)
+        self.server.push_pull(grad, clock=step)
         return True
+
+    def snapshot_is_collective(self) -> bool:
+        return self.settled_snapshots
 
     def snapshot(self) -> nn.Module:
         """Mid-run, rank 0 reads the servers' current parameters, as a monitor would, and no

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +44,9 @@ from dssync.schedule import Schedule
 from dssync.strategy import StepsElsewhere, Strategy, StrategyContext, world_average
 from dssync.topology import Topology
 
-__all__ = ["DSSyncStrategy", "debiased_ema"]
+__all__ = ["ENSEMBLES", "DSSyncStrategy", "debiased_ema"]
+
+ENSEMBLES = ("swa", "ema", "none")
 
 
 def debiased_ema(decay: float):
@@ -67,9 +70,18 @@ class DSSyncStrategy(Strategy):
 
     @dataclass(frozen=True, kw_only=True)
     class Config(Strategy.Config):
+        ensemble: str = "swa"
+        """The local model each rank keeps and the world averages once at the end (paper
+        section III-A.5): ``swa``, the equal-weight average of the rank's iterates from
+        ``swa_start`` of the run on (``torch.optim.swa_utils.AveragedModel``; before that the
+        handed-back model is the plain world average); ``ema``, an exponential moving average
+        of every iterate (``ema_decay``, the paper's pseudo-code); ``none``, the current
+        parameters."""
+        swa_start: float = 0.75
+        """``ensemble="swa"``: the fraction of the run's iterations after which iterates are averaged."""
         ema_decay: float = 0.98
-        """Decay of the local EMA (SWA) model: ``swa = decay * swa + (1 - decay) * model``,
-        bias-corrected (``debiased_ema``)."""
+        """``ensemble="ema"``: ``avg = decay * avg + (1 - decay) * model``, bias-corrected
+        (``debiased_ema``)."""
 
         adjust_every: int = 0
         """Regroup online every this many iterations from the group timings (0: never)."""
@@ -84,6 +96,10 @@ class DSSyncStrategy(Strategy):
         it holds this many MB (0: one allreduce per layer, as in the paper)."""
 
         def __post_init__(self) -> None:
+            if self.ensemble not in ENSEMBLES:
+                raise ValueError(f"ensemble must be one of {', '.join(ENSEMBLES)}, got {self.ensemble!r}")
+            if not 0.0 <= self.swa_start <= 1.0:
+                raise ValueError(f"swa_start must be a fraction of the run in [0, 1], got {self.swa_start}")
             if not 0.0 <= self.ema_decay < 1.0:
                 raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
             if self.bucket_mb < 0:
@@ -117,11 +133,17 @@ class DSSyncStrategy(Strategy):
         self._step = 0  # the iteration whose backward is running (overlapped mode)
         self._buckets: list[_Bucket] = []
         self._param_optimizers: dict[nn.Parameter, torch.optim.Optimizer] = {}
+        self._loop_groups: dict[nn.Parameter, dict[str, Any]] = {}
         self._swa_due = False
         self._views = [(p, p.data_ptr()) for p in self.model.parameters()]
-        self.swa_model = AveragedModel(
-            self.model, multi_avg_fn=debiased_ema(self.config.ema_decay), use_buffers=True
-        )
+        self.swa_model: AveragedModel | None = None
+        self._swa_from = 0  # the first iteration whose result the ensemble takes in
+        if self.config.ensemble == "ema":
+            self.swa_model = AveragedModel(self.model, multi_avg_fn=debiased_ema(self.config.ema_decay),
+                                           use_buffers=True)
+        elif self.config.ensemble == "swa":
+            self.swa_model = AveragedModel(self.model, use_buffers=True)
+            self._swa_from = math.ceil(self.config.swa_start * (ctx.steps or 0))
 
     def setup(self) -> None:
         # Ranks must never disagree on the schedule: compare digests before any group op.
@@ -135,7 +157,8 @@ class DSSyncStrategy(Strategy):
         self.comm.register_groups(self.schedule.distinct_groups())
         for flat in self._flat:
             self.comm.broadcast_(flat, src=0)
-        self.swa_model.update_parameters(self.model)  # start the EMA at the common init
+        if self.config.ensemble == "ema":
+            self.swa_model.update_parameters(self.model)  # start the EMA at the common init
         if self.config.overlap:
             self._install_hooks()
 
@@ -144,9 +167,10 @@ class DSSyncStrategy(Strategy):
         if not self.config.overlap:
             return optimizer
         for group in optimizer.param_groups:
-            settings = {k: v for k, v in group.items() if k != "params"}
+            settings = {k: v for k, v in group.items() if k not in ("params", "initial_lr")}
             for p in group["params"]:
                 self._param_optimizers[p] = type(optimizer)([p], **settings)
+                self._loop_groups[p] = group
         return StepsElsewhere(optimizer)
 
     def _install_hooks(self) -> None:
@@ -181,7 +205,9 @@ class DSSyncStrategy(Strategy):
 
     @torch.no_grad()
     def _on_grad(self, bucket: _Bucket, param: nn.Parameter) -> None:
-        self._param_optimizers[param].step()
+        optimizer = self._param_optimizers[param]
+        optimizer.param_groups[0]["lr"] = self._loop_groups[param]["lr"]  # follows a scheduler
+        optimizer.step()
         param.grad = None
         bucket.ready += 1
         if bucket.ready < len(bucket.params):
@@ -201,10 +227,15 @@ class DSSyncStrategy(Strategy):
     @torch.no_grad()
     def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         # Every layer has waited for its average: the parameters are the previous
-        # iteration's averaged ones, which is what after-step mode folds into the EMA.
+        # iteration's averaged ones, which is what after-step mode folds into the ensemble.
         if self._swa_due:
-            self.swa_model.update_parameters(self.model)
+            self._fold(self._step - 1)
             self._swa_due = False
+
+    def _fold(self, step: int) -> None:
+        """Take the parameters after iteration ``step`` into the local ensemble model."""
+        if self.swa_model is not None and step >= self._swa_from:
+            self.swa_model.update_parameters(self.model)
 
     def flush(self) -> None:
         """Wait for every layer's allreduce and fold the result into the EMA (overlapped mode)."""
@@ -253,7 +284,7 @@ class DSSyncStrategy(Strategy):
             self._step = step + 1
             self._swa_due = True
             return
-        self.swa_model.update_parameters(self.model)
+        self._fold(step)
         every = self.config.adjust_every
         last = self.ctx.steps is not None and step + 1 >= self.ctx.steps
         if every and (step + 1) % every == 0 and not last:  # no plan for iterations that never run
@@ -303,9 +334,11 @@ class DSSyncStrategy(Strategy):
 
     @torch.no_grad()
     def final_model(self) -> nn.Module:
-        """One global average of every rank's EMA model (collective)."""
+        """One global average of every rank's ensemble model, or of the current parameters
+        before the ensemble holds any iterate (collective)."""
         self.flush()
-        return world_average(self.comm, self.swa_model.module)
+        ensembled = self.swa_model is not None and int(self.swa_model.n_averaged) > 0
+        return world_average(self.comm, self.swa_model.module if ensembled else self.model)
 
     def schedule_changes(self) -> list[dict[str, Any]]:
         return list(self._changes)

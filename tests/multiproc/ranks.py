@@ -301,3 +301,74 @@ def sync_switch_policy_run(comm, steps: int, switch_at: float, policy: str):
     final = torch.nn.utils.parameters_to_vector(strategy.final_model().parameters()).detach().clone()
     strategy.close()
     return start, final, strategy.stats(), computed
+
+
+def peer_batches(rank: int, step: int, batch: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s minibatch of iteration ``step``; the parent recomputes it for the oracle."""
+    gen = torch.Generator().manual_seed(104_729 * (rank + 1) + step)
+    return (torch.randn(batch, 5, generator=gen, dtype=torch.float64),
+            torch.randint(0, 3, (batch,), generator=gen))
+
+
+def peer_model() -> nn.Module:
+    torch.manual_seed(0)  # the same initialisation on every rank and in the parent
+    return nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).double()
+
+
+def peer_training(comm, strategy_name: str, steps: int, lr: float, momentum: float):
+    """``steps`` iterations of the training loop's calls (``training_module``, ``wrap_optimizer``,
+    ``before_step``/``after_step``) on seeded per-rank batches; the parameters after each."""
+    from dssync.strategies import get_strategy
+
+    model = peer_model()
+    strategy = get_strategy(strategy_name)(StrategyContext(comm=comm, model=model,
+                                                           topology=Topology.from_rack_sizes([comm.world_size])))
+    optimizer = strategy.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum))
+    strategy.setup()
+    net = strategy.training_module()
+    trace = []
+    for step in range(steps):
+        x, y = peer_batches(comm.rank, step)
+        loss = nn.functional.cross_entropy(net(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        strategy.before_step(step)
+        optimizer.step()
+        strategy.after_step(step)
+        trace.append(torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone())
+    return trace
+
+
+def seeded_step_gradient(rank: int, step: int, numel: int) -> torch.Tensor:
+    """The gradient rank ``rank`` applies at iteration ``step``; the parent recomputes it."""
+    return torch.randn(numel, generator=torch.Generator().manual_seed(31 * step + 7919 * (rank + 1)),
+                       dtype=torch.float64)
+
+
+def averaging_with_seeded_gradients(comm, strategy_name: str, options: dict, rack_sizes: list[int],
+                                     numel: int, steps: int):
+    """Every rank starts from rank 0's seeded vector (setup broadcasts it), applies its own seeded
+    gradient with plain SGD (lr 1) each iteration through the strategy; the parameters after each."""
+    from dssync.strategies import get_strategy
+
+    model = nn.Linear(numel - 1, 1, dtype=torch.float64)
+    with torch.no_grad():
+        torch.nn.utils.vector_to_parameters(seeded_vector(comm.rank, numel), model.parameters())
+    cls = get_strategy(strategy_name)
+    strategy = cls(StrategyContext(comm=comm, model=model, topology=Topology.from_rack_sizes(rack_sizes)),
+                   cls.Config(**options))
+    optimizer = strategy.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=1.0))
+    strategy.setup()
+    trace = []
+    for step in range(steps):
+        grad = seeded_step_gradient(comm.rank, step, numel)
+        offset = 0
+        for p in model.parameters():
+            p.grad = grad[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        strategy.before_step(step)
+        optimizer.step()
+        strategy.after_step(step)
+        trace.append(torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone())
+    handed_back = strategy.final_model()
+    return trace, torch.nn.utils.parameters_to_vector(handed_back.parameters()).detach().clone()

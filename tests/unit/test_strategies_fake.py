@@ -130,7 +130,7 @@ def test_missing_peer_times_out_naming_rank_and_group():
 
 def test_registry_lists_names_on_a_miss():
     assert get_strategy("ds-sync") is DSSyncStrategy
-    with pytest.raises(ValueError, match="choose one of: allreduce, asp, ds-sync, gossip, hierarchical, local-sgd, psp, specsync, ssp, sync-switch"):
+    with pytest.raises(ValueError, match="choose one of: allreduce, asp, ddp, diloco, ds-sync, gossip, hierarchical, local-sgd, psp, specsync, ssp, sync-switch, torch-hier"):
         get_strategy("dssync")
 
 
