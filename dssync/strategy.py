@@ -31,7 +31,7 @@ from dssync.collectives import Communicator
 from dssync.schedule import Schedule
 from dssync.topology import Topology
 
-__all__ = ["StepsElsewhere", "Strategy", "StrategyContext", "world_average"]
+__all__ = ["StepsElsewhere", "Strategy", "StrategyContext", "hookless_copy", "world_average"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,11 +159,23 @@ class StepsElsewhere(torch.optim.Optimizer):
         self.inner.zero_grad(set_to_none=set_to_none)
 
 
+def hookless_copy(module: nn.Module) -> nn.Module:
+    """A deep copy of ``module`` without its hooks: a model to evaluate or hand back must not
+    run the training's hooks (overlapped ds-sync's waits, SpecSync's cancellation points),
+    which also hold sockets and locks that cannot be copied."""
+    memo: dict[int, Any] = {}
+    for m in module.modules():
+        for key, value in vars(m).items():
+            if "hooks" in key and isinstance(value, dict):
+                memo[id(value)] = type(value)()
+    return copy.deepcopy(module, memo)
+
+
 @torch.no_grad()
 def world_average(comm: Communicator, module: nn.Module) -> nn.Module:
     """A copy of ``module`` whose parameters and floating-point buffers are their average
     over the world (collective: one allreduce of one flat buffer; ``module`` is untouched)."""
-    averaged = copy.deepcopy(module)
+    averaged = hookless_copy(module)
     tensors = [p.data for p in averaged.parameters()]
     tensors += [b for b in averaged.buffers() if b.is_floating_point()]
     flat = torch.cat([t.reshape(-1) for t in tensors])

@@ -6,7 +6,6 @@ rank under a launcher) and returns rank 0's result: the ``train --json`` record.
 
 from __future__ import annotations
 
-import copy
 import functools
 import math
 import statistics
@@ -24,7 +23,7 @@ from dssync.launch import from_environ, run_ranks
 from dssync.launch.spawn import BACKENDS
 from dssync.schedule import Schedule
 from dssync.strategies import get_strategy
-from dssync.strategy import StrategyContext
+from dssync.strategy import StrategyContext, hookless_copy
 from dssync.tasks import TASKS, build_task
 from dssync.topology import Topology
 from dssync.topology.probe import ProbeConfig, host_name, probe_rank
@@ -194,7 +193,7 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
                 curve.append(point)
                 stop = point["accuracy"] >= cfg.target_accuracy - 1e-12
             else:  # evaluated after the loop: rank 0 stops only for the copy
-                snapshots.append((point, copy.deepcopy(handed_back)))
+                snapshots.append((point, hookless_copy(handed_back)))
         if inline and not last:
             flag = torch.tensor([float(stop)])
             comm.broadcast_(flag, src=0)

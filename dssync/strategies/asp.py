@@ -13,7 +13,6 @@ been applied.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -24,7 +23,7 @@ from dssync.errors import DssyncError
 from dssync.flat import flatten_parameters
 from dssync.ps import ParameterServer
 from dssync.strategies.allreduce import GradientBuffer
-from dssync.strategy import StepsElsewhere, Strategy, StrategyContext
+from dssync.strategy import StepsElsewhere, Strategy, StrategyContext, hookless_copy
 
 __all__ = ["ASPStrategy", "SSPStrategy"]
 
@@ -119,7 +118,7 @@ class ASPStrategy(Strategy):
         return self._handed_back()
 
     def _handed_back(self) -> nn.Module:
-        return copy.deepcopy(self.model)
+        return hookless_copy(self.model)
 
     def close(self) -> None:
         if self.server is not None:

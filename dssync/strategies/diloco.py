@@ -20,7 +20,6 @@ steps the ranks' own models have drifted apart, and no rank holds the average).
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +27,7 @@ from torch import nn
 
 from dssync.errors import DssyncError
 from dssync.flat import flatten_parameters
-from dssync.strategy import Strategy, StrategyContext
+from dssync.strategy import Strategy, StrategyContext, hookless_copy
 
 __all__ = ["DiLoCoStrategy"]
 
@@ -97,7 +96,7 @@ class DiLoCoStrategy(Strategy):
         own = [f.clone() for f in self._flat]
         for local, outer in zip(self._flat, self._outer, strict=True):
             local.copy_(outer)
-        handed_back = copy.deepcopy(self.model)
+        handed_back = hookless_copy(self.model)
         for local, mine in zip(self._flat, own, strict=True):
             local.copy_(mine)
         return handed_back
