@@ -1,17 +1,20 @@
-"""``dssync bench compare``: every strategy on the same task, on the same emulated network.
+"""``dssync bench compare``: time to accuracy of every strategy on one emulated network.
 
 For each scenario (DESIGN section 6) one cluster is built and its background flows started;
-then every strategy trains the task ``repeats`` times (seeds 0, 1, ...), strategies
-interleaved within a repeat so that slow drift of the machine falls on all of them alike,
-each run a real ``dssync emulate run -- dssync train`` job. Every strategy gets the racks
-(``--rack-sizes``), nothing more; ds-sync finds the contention itself (``--adjust-every``).
-A strategy may carry settings, ``NAME:KEY=VALUE:...`` (``dssync train --set``), so
-settings of one strategy compare side by side.
+then every strategy trains the task ``repeats`` times (seeds 0, 1, ...), each run a real
+``dssync emulate run -- dssync train`` job. Every strategy gets the racks (``--rack-sizes``),
+nothing more; ds-sync finds the contention itself (``--adjust-every``). A strategy may carry
+settings, ``NAME:KEY=VALUE:...`` (``dssync train --set``), so settings of one strategy
+compare side by side.
 
-Per strategy and scenario the summary holds the medians over repeats of communication
-ms/iter (DESIGN section 7) and wall time, the best accuracy, and the time and iterations to
-the target accuracy: the lowest best accuracy allreduce reached over its repeats (paper
-section V-A.2). A strategy that never reaches it has ``None``.
+The headline is time to accuracy (DESIGN section 7, seed 003 section V-A.2): training wall
+seconds, evaluations excluded, until the model a strategy hands back first reaches the
+target, the lowest best accuracy of the ``reference`` strategy (``ddp``, torch's
+DistributedDataParallel) over the seeds. The reference therefore runs first, on every seed,
+for the whole ``steps``; the others then run seed by seed, interleaved so that slow drift of
+the machine falls on all of them alike, each stopped at its first evaluation that reaches the
+target (``steps`` is the cap; strategies whose snapshots stop no worker run to the cap and are
+timed from their curve). With an explicit ``target`` every strategy runs interleaved.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 from dssync.bench.overlap import train_on_cluster
 from dssync.errors import DssyncError
 from dssync.launch import emulate
-from dssync.train import comm_warmup
+from dssync.train import comm_warmup, per_rank_comm_ms
 
 __all__ = ["compare", "loss_rows", "loss_table", "markdown_table", "parse_variant", "plot", "summarize"]
 
@@ -33,17 +36,21 @@ __all__ = ["compare", "loss_rows", "loss_table", "markdown_table", "parse_varian
 def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = "digits", steps: int = 300,
             repeats: int = 1, eval_every: int = 10, adjust_every: int = 25, model_mb: float = 1.0,
             name: str = "cmp", timeout_s: float = 1800.0, cpu: dict[int, float] | None = None,
-            episodes: Sequence[emulate.Episode] = (), lr: float | None = None,
+            episodes: Sequence[emulate.Episode] = (), train_args: Sequence[str] = (),
+            reference: str | None = "ddp", target: float | None = None, stop: bool = True,
             progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Train every strategy on every scenario; one ``train --json`` record per run, plus
-    ``scenario`` and ``repeat``. ``cpu`` caps workers' CPU (rank -> cores): stragglers on
-    top of the scenario's network; ``episodes`` are transient stragglers, the same in every
-    run (``emulate.run``)."""
+    ``scenario`` and ``repeat``. ``train_args`` go to every ``dssync train`` (``--lr``,
+    ``--lr-schedule`` ...). ``cpu`` caps workers' CPU (rank -> cores): stragglers on top of the
+    scenario's network; ``episodes`` are transient stragglers, the same in every run
+    (``emulate.run``). ``stop=False`` runs everything to ``steps`` (no target)."""
     unknown = [s for s in scenarios if s not in emulate.SCENARIOS]
     if unknown:
         raise ValueError(f"unknown scenario {unknown[0]!r}; choose from {', '.join(emulate.SCENARIOS)}")
     if repeats < 1 or steps < 1 or eval_every < 1:
         raise ValueError(f"repeats, steps and eval_every must be positive, got {repeats}, {steps}, {eval_every}")
+    if reference is not None and reference not in strategies:
+        raise ValueError(f"the reference strategy {reference!r} is not among --strategies {', '.join(strategies)}")
     for scenario in scenarios:  # before any network is built
         workers = sum(emulate.SCENARIOS[scenario]["rack_sizes"])
         for e in episodes:
@@ -51,34 +58,56 @@ def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = 
                 raise ValueError(f"episode {e}: scenario {scenario!r} has workers 0..{workers - 1}")
     if any(e.delay is not None for e in episodes):
         emulate.check_netem()
-    records = []
+    records: list[dict[str, Any]] = []
     for scenario in scenarios:
         spec = emulate.SCENARIOS[scenario]
-        sizes = ",".join(map(str, spec["rack_sizes"]))
+        common = ["--task", task, "--steps", str(steps), "--eval-every", str(eval_every),
+                  "--rack-sizes", ",".join(map(str, spec["rack_sizes"])), "--model-mb", str(model_mb), *train_args]
         with emulate.cluster(spec["rack_sizes"], nic=spec["nic"], uplink=spec["uplink"], name=name), \
                 tempfile.TemporaryDirectory() as tmp:
             if spec["flows"] or cpu:
                 emulate.contend(name=name, flows=spec["flows"], cpu=cpu)
+
+            def run(strategy: str, rep: int, goal: float | None, scenario: str = scenario,
+                    common: list[str] = common, tmp: str = tmp) -> None:
+                rec = _train(name, Path(tmp) / f"{strategies.index(strategy)}-{rep}.json", strategy, rep, goal,
+                             common, adjust_every=adjust_every, timeout_s=timeout_s, episodes=episodes)
+                rec.update({"strategy": strategy, "scenario": scenario, "repeat": rep})
+                records.append(rec)
+                if progress is not None:
+                    progress(rec)
+
+            goal, first = target, []
+            if stop and goal is None and reference is not None:  # the reference sets the target
+                first = [reference]
+                for rep in range(repeats):
+                    run(reference, rep, None)
+                bests = [r["best_accuracy"] for r in records if (r["scenario"], r["strategy"]) == (scenario, reference)
+                         and "error" not in r]
+                if not bests:
+                    raise DssyncError(f"{scenario}: every run of the reference {reference} failed; no target")
+                goal = min(bests)
             for rep in range(repeats):
-                for k, strategy in enumerate(strategies):
-                    base, settings = parse_variant(strategy)
-                    args = ["--strategy", base, "--task", task, "--steps", str(steps), "--seed", str(rep),
-                            "--eval-every", str(eval_every), "--rack-sizes", sizes, "--model-mb", str(model_mb)]
-                    args += [a for kv in settings for a in ("--set", kv)]
-                    if lr is not None:
-                        args += ["--lr", str(lr)]
-                    if base == "ds-sync" and adjust_every:
-                        args += ["--adjust-every", str(adjust_every)]
-                    try:
-                        rec = train_on_cluster(name, Path(tmp) / f"{k}-{rep}.json", args, timeout_s=timeout_s,
-                                               episodes=episodes)
-                    except DssyncError as exc:  # one failed job loses neither the others nor itself
-                        rec = {"error": str(exc)}
-                    rec.update({"strategy": strategy, "scenario": scenario, "repeat": rep})
-                    records.append(rec)
-                    if progress is not None:
-                        progress(rec)
+                for strategy in strategies:
+                    if strategy not in first:
+                        run(strategy, rep, goal if stop else None)
     return records
+
+
+def _train(cluster: str, out: Path, strategy: str, rep: int, goal: float | None, common: Sequence[str], *,
+           adjust_every: int, timeout_s: float, episodes: Sequence[emulate.Episode]) -> dict[str, Any]:
+    """One ``dssync train`` job of ``strategy`` on the cluster, seed ``rep``, stopped at ``goal``
+    if given; its record, or ``{"error": ...}`` (one failed job loses neither the others nor itself)."""
+    base, settings = parse_variant(strategy)
+    args = ["--strategy", base, "--seed", str(rep), *common, *[a for kv in settings for a in ("--set", kv)]]
+    if base == "ds-sync" and adjust_every:
+        args += ["--adjust-every", str(adjust_every)]
+    if goal is not None:
+        args += ["--target-accuracy", repr(goal)]
+    try:
+        return train_on_cluster(cluster, out, args, timeout_s=timeout_s, episodes=episodes)
+    except DssyncError as exc:
+        return {"error": str(exc)}
 
 
 def parse_variant(spec: str) -> tuple[str, list[str]]:
@@ -148,66 +177,71 @@ def loss_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def rank_comm_ms(record: dict[str, Any]) -> float | None:
-    """Each rank's own comm ms/iter (its mean after the warm-up), averaged over the ranks.
-
-    DESIGN section 7's figure takes, per iteration, the slowest rank. When groups run out of
-    step (ds-sync, gossip), a rank waiting in iteration ``t`` for a group-mate still busy
-    with ``t - 1`` is that maximum, and the maxima add up to more than the run's wall time;
-    this figure is what a rank actually spends in communication, comparable with wall time
-    per iteration. ``None`` for records without per-rank samples."""
+    """Each rank's own comm ms/iter, averaged over the ranks (DESIGN section 7's headline),
+    from the record's raw samples; ``None`` for records without them."""
     by_rank = record.get("comm_ms_by_rank")
     if not by_rank:
         return None
-    warmup = comm_warmup(record["steps"])
-    return statistics.fmean(statistics.fmean(mine[warmup:] or mine) for mine in by_rank)
+    steps = record.get("steps_run", record["steps"])
+    return per_rank_comm_ms([[x / 1e3 for x in mine] for mine in by_rank], warmup=comm_warmup(steps))
 
 
-def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (scenario, strategy): medians over the repeats that finished (runs that
-    failed are counted in ``failed``) and time to allreduce's target."""
+def _median(values: Sequence[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return statistics.median(kept) if kept and len(kept) == len(values) else None
+
+
+def summarize(records: Sequence[dict[str, Any]], reference: str | None = "ddp") -> list[dict[str, Any]]:
+    """One row per (scenario, strategy), medians over the repeats that finished (runs that
+    failed are counted in ``failed``): time to the scenario's target and its ratio to the
+    reference's, iterations to target (``None`` unless every repeat reached it; ``reached``
+    counts those that did), wall and comm ms per iteration, best accuracy. The target is the
+    one the runs were stopped at, else the reference's lowest best accuracy."""
     rows = []
     failed = [r for r in records if "error" in r]
     records = [r for r in records if "error" not in r]
     for scenario in dict.fromkeys(r["scenario"] for r in records):
         runs = [r for r in records if r["scenario"] == scenario]
-        baseline = [r["best_accuracy"] for r in runs if r["strategy"] == "allreduce"]
-        target = min(baseline) if baseline else None
+        given = [r["target_accuracy"] for r in runs if r.get("target_accuracy") is not None]
+        ref_bests = [r["best_accuracy"] for r in runs if r["strategy"] == reference]
+        target = min(given) if given else (min(ref_bests) if ref_bests else None)
         for strategy in dict.fromkeys(r["strategy"] for r in runs):
             mine = [r for r in runs if r["strategy"] == strategy]
-            reached = [_time_to(r["curve"], target) for r in mine] if target is not None else []
-            per_rank = [rank_comm_ms(r) for r in mine]
-            times = [t for t, _ in reached if t is not None]
-            iters = [i for _, i in reached if i is not None]
+            reached = [_time_to(r["curve"], target) if target is not None else (None, None) for r in mine]
             rows.append({
                 "scenario": scenario, "strategy": strategy, "repeats": len(mine),
-                "comm_ms_per_iter": statistics.median(r["comm_ms_per_iter"] for r in mine),
-                "rank_comm_ms_per_iter": statistics.median(per_rank) if None not in per_rank else None,
-                "wall_s": statistics.median(r["wall_s"] for r in mine),
-                "best_accuracy": statistics.median(r["best_accuracy"] for r in mine),
                 "target_accuracy": target,
-                "time_to_target_s": statistics.median(times) if len(times) == len(mine) and times else None,
-                "iterations_to_target": statistics.median(iters) if len(iters) == len(mine) and iters else None,
+                "reached": sum(t is not None for t, _ in reached),
+                "time_to_target_s": _median([t for t, _ in reached]),
+                "iterations_to_target": _median([i for _, i in reached]),
+                "wall_ms_per_iter": statistics.median(1e3 * r["wall_s"] / r.get("steps_run", r["steps"]) for r in mine),
+                "rank_comm_ms_per_iter": _median([rank_comm_ms(r) for r in mine]),
+                "comm_ms_per_iter": statistics.median(r["comm_ms_per_iter"] for r in mine),
+                "best_accuracy": statistics.median(r["best_accuracy"] for r in mine),
+                "best_accuracy_min": min(r["best_accuracy"] for r in mine),
+                "wall_s": statistics.median(r["wall_s"] for r in mine),
                 "steps": mine[0]["steps"],
                 "failed": sum(1 for f in failed if (f["scenario"], f["strategy"]) == (scenario, strategy)),
             })
-        ar = next((r for r in rows if r["scenario"] == scenario and r["strategy"] == "allreduce"), None)
+        ref = next((r for r in rows if r["scenario"] == scenario and r["strategy"] == reference), None)
         for row in rows:
             if row["scenario"] == scenario:
-                row["allreduce_over_this_comm"] = (ar["comm_ms_per_iter"] / row["comm_ms_per_iter"]
-                                                   if ar and row["comm_ms_per_iter"] > 0 else None)
+                ok = ref is not None and ref["time_to_target_s"] and row["time_to_target_s"]
+                row["tta_ratio"] = ref["time_to_target_s"] / row["time_to_target_s"] if ok else None
     return rows
 
 
-def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
-    lines = ["| scenario | strategy | comm ms/iter | allreduce ÷ this | per-rank comm ms/iter | wall s | "
-             "best acc. | target | time to target s | iters to target |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+def markdown_table(rows: Sequence[dict[str, Any]], reference: str = "ddp") -> str:
+    lines = [f"| scenario | strategy | reached | time to target s | {reference} ÷ this | iters to target | "
+             "wall ms/iter | per-rank comm ms/iter | max-rank comm ms/iter | best acc. (min) | target |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['scenario']} | {r['strategy']} | {r['comm_ms_per_iter']:.1f} | "
-                     f"{_fmt(r['allreduce_over_this_comm'], '.2f')} | {_fmt(r.get('rank_comm_ms_per_iter'), '.1f')} | "
-                     f"{r['wall_s']:.1f} | "
-                     f"{r['best_accuracy']:.4f} | {_fmt(r['target_accuracy'], '.4f')} | "
-                     f"{_fmt(r['time_to_target_s'], '.1f')} | {_fmt(r['iterations_to_target'], '.0f')} |")
+        lines.append(f"| {r['scenario']} | {r['strategy']} | {r['reached']}/{r['repeats']} | "
+                     f"{_fmt(r['time_to_target_s'], '.1f')} | {_fmt(r['tta_ratio'], '.2f')} | "
+                     f"{_fmt(r['iterations_to_target'], '.0f')} | {r['wall_ms_per_iter']:.1f} | "
+                     f"{_fmt(r.get('rank_comm_ms_per_iter'), '.1f')} | {r['comm_ms_per_iter']:.1f} | "
+                     f"{r['best_accuracy']:.4f} ({r['best_accuracy_min']:.4f}) | "
+                     f"{_fmt(r['target_accuracy'], '.4f')} |")
     failures = [f"{r['scenario']} {r['strategy']}: {r['failed']} of {r['repeats'] + r['failed']} runs failed"
                 for r in rows if r.get("failed")]
     if failures:
@@ -215,8 +249,11 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], out: str | Path) -> None:
-    """Comm ms/iter per strategy per scenario (bars) and accuracy against wall time (curves)."""
+def plot(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], out: str | Path,
+         reference: str = "ddp") -> None:
+    """Time to accuracy relative to the reference per strategy and scenario (bars; none where a
+    strategy missed the target in some seed) and, per scenario, seed 0's accuracy against wall
+    time near the target (curves, the target dashed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -224,26 +261,33 @@ def plot(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], out:
 
     scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
     strategies = list(dict.fromkeys(r["strategy"] for r in rows))
-    fig, axes = plt.subplots(1, 1 + len(scenarios), figsize=(5 * (1 + len(scenarios)), 4), squeeze=False)
+    fig, axes = plt.subplots(1, 1 + len(scenarios), figsize=(5 * (1 + len(scenarios)), 4.5), squeeze=False)
     ax = axes[0][0]
     width = 0.8 / max(1, len(strategies))
+    colors = {s: f"C{k % 10}" for k, s in enumerate(strategies)}
     for k, strategy in enumerate(strategies):
-        values = [next((r["comm_ms_per_iter"] for r in rows if r["scenario"] == s and r["strategy"] == strategy), 0)
+        values = [next((r["tta_ratio"] or 0.0 for r in rows if r["scenario"] == s and r["strategy"] == strategy), 0.0)
                   for s in scenarios]
-        ax.bar([i + k * width for i in range(len(scenarios))], values, width, label=strategy)
+        ax.bar([i + k * width for i in range(len(scenarios))], values, width, label=strategy, color=colors[strategy])
+    ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([i + width * (len(strategies) - 1) / 2 for i in range(len(scenarios))], scenarios)
-    ax.set_ylabel("communication ms / iteration")
+    ax.set_ylabel(f"time to accuracy: {reference} ÷ strategy (higher is faster)")
     ax.legend(fontsize="small")
     for j, scenario in enumerate(scenarios):
         ax = axes[0][1 + j]
+        target = next((r["target_accuracy"] for r in rows if r["scenario"] == scenario), None)
         for strategy in strategies:
             run = next((r for r in records if r["scenario"] == scenario and r["strategy"] == strategy
-                        and "error" not in r), None)
+                        and r.get("repeat", 0) == 0 and "error" not in r), None)
             if run is not None:
-                ax.plot([p["wall_s"] for p in run["curve"]], [p["accuracy"] for p in run["curve"]], label=strategy)
-        ax.set_title(scenario)
-        ax.set_xlabel("wall time s (evaluation excluded)")
-        ax.set_ylabel("test accuracy")
+                ax.plot([p["wall_s"] for p in run["curve"]], [p["accuracy"] for p in run["curve"]],
+                        label=strategy, color=colors[strategy])
+        if target is not None:
+            ax.axhline(target, color="black", linestyle="--", linewidth=0.8)
+            ax.set_ylim(target - 0.01, target + 0.004)
+        ax.set_title(f"{scenario} (seed 0)")
+        ax.set_xlabel("wall time s (evaluations excluded)")
+        ax.set_ylabel("test accuracy of the handed-back model")
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)

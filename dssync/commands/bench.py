@@ -7,8 +7,12 @@ import argparse
 from dssync._jsonfile import write_json
 from dssync.commands._common import add_topology_options, parse_rack_sizes, topology_from_args
 from dssync.launch import from_environ, run_ranks
+from dssync.train import LR_SCHEDULES
 
-__all__ = ["add_parser", "run_allreduce", "run_compare", "run_averaging", "run_simcheck", "run_overlap", "run_probe_backends"]
+#: The comparison of DESIGN section 7: what users run today and every rival, beside ds-sync.
+COMPARE_STRATEGIES = "ddp,allreduce,hierarchical,torch-hier,diloco,local-sgd,gossip,asp,ds-sync"
+
+__all__ = ["COMPARE_STRATEGIES", "add_parser", "run_ensemble", "run_allreduce", "run_compare", "run_averaging", "run_simcheck", "run_overlap", "run_probe_backends"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -32,22 +36,36 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_topology_options(r)
     r.set_defaults(run=run_allreduce)
 
-    c = bsub.add_parser("compare", help="every strategy on the same task and emulated network (needs root)",
-                        description="For each scenario, build the emulated cluster, train every strategy on "
-                        "the same task (interleaved, --repeats seeds), and report comm ms/iter, wall time, "
-                        "best accuracy and time to allreduce's target accuracy.")
+    c = bsub.add_parser("compare", help="time to accuracy of every strategy on one emulated network (needs root)",
+                        description="For each scenario, build the emulated cluster and train every strategy on "
+                        "the same task, --repeats seeds. The reference (ddp) runs first on every seed; its "
+                        "lowest best accuracy is the target, and the others, interleaved seed by seed, stop "
+                        "once they reach it. Reports time to accuracy and its ratio to the reference, "
+                        "iterations to target, wall and comm ms per iteration and best accuracy.")
     c.add_argument("--scenario", default="static", metavar="S[,S...]",
                    help="static, inter-rack, inter-rack+nic, or several, comma-separated")
-    c.add_argument("--strategies", default="allreduce,hierarchical,gossip,asp,ds-sync", metavar="A,B,...",
+    c.add_argument("--strategies", default=COMPARE_STRATEGIES, metavar="A,B,...",
                    help="strategies, each optionally with settings: NAME:KEY=VALUE:... "
-                   "(e.g. psp:push_quorum=6:pull_fraction=0.75)")
-    c.add_argument("--task", default="digits")
-    c.add_argument("--steps", type=int, default=300)
+                   f"(e.g. psp:push_quorum=6:pull_fraction=0.75; default {COMPARE_STRATEGIES})")
+    c.add_argument("--reference", default="ddp", metavar="NAME",
+                   help="the strategy whose lowest best accuracy over the seeds is the target (default ddp)")
+    c.add_argument("--target-accuracy", type=float, default=None, metavar="ACC",
+                   help="the target, instead of the reference's lowest best (every strategy then interleaved)")
+    c.add_argument("--no-stop", action="store_true",
+                   help="run every strategy to --steps instead of stopping at the target")
+    c.add_argument("--task", default="mnist-wide")
+    c.add_argument("--steps", type=int, default=1000, help="iterations, the cap of runs that stop at the target")
     c.add_argument("--repeats", type=int, default=1)
-    c.add_argument("--eval-every", type=int, default=10)
+    c.add_argument("--eval-every", type=int, default=None,
+                   help="evaluate every this many iterations (default: every 2%% of --steps)")
+    c.add_argument("--batch-size", type=int, default=32, help="per-worker minibatch")
     c.add_argument("--adjust-every", type=int, default=25, help="ds-sync's regrouping interval (0: off)")
     c.add_argument("--model-mb", type=float, default=1.0, help="model size of the synthetic task")
-    c.add_argument("--lr", type=float, default=None, help="the loop's learning rate (train's default: 0.05)")
+    c.add_argument("--lr", type=float, default=0.15, help="peak learning rate of the loop's SGD (default 0.15)")
+    c.add_argument("--lr-schedule", default="cosine", choices=LR_SCHEDULES,
+                   help="after the warm-up (default cosine, to zero at --steps)")
+    c.add_argument("--warmup-steps", type=int, default=None, metavar="N",
+                   help="linear learning-rate warm-up (default: 5%% of --steps)")
     c.add_argument("--cpu", nargs="+", default=[], metavar="RANK:CORES",
                    help="stragglers: cap these workers' CPU on every scenario (emulate contend --cpu)")
     c.add_argument("--episode", action="append", default=[], metavar="SPEC",
@@ -80,6 +98,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     k.add_argument("--json", metavar="OUT")
     k.add_argument("--markdown", metavar="OUT")
     k.set_defaults(run=run_simcheck)
+
+    e = bsub.add_parser("ensemble", help="ds-sync's local ensemble against the plain world average, per evaluation",
+                        description="Train ds-sync on local ranks once per ensemble rule, same seed (the "
+                        "workers' trajectory is the same whatever the rule), and compare the handed-back "
+                        "model's test accuracy with the plain world average's at every evaluation.")
+    e.add_argument("--rules", default="swa:0.75,ema:0.98", metavar="R,R,...",
+                   help="rules beside none: swa[:START] (fraction of the run), ema[:DECAY] (default swa:0.75,ema:0.98)")
+    e.add_argument("--task", default="mnist-wide")
+    e.add_argument("--steps", type=int, default=1000)
+    e.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1")
+    e.add_argument("--nproc", type=int, default=8)
+    e.add_argument("--batch-size", type=int, default=32)
+    e.add_argument("--lr", type=float, default=0.15)
+    e.add_argument("--lr-schedule", default="cosine", choices=LR_SCHEDULES)
+    e.add_argument("--warmup-steps", type=int, default=None, metavar="N", help="default: 5%% of --steps")
+    e.add_argument("--eval-every", type=int, default=None, help="default: every 2%% of --steps")
+    e.add_argument("--timeout", type=float, default=300.0)
+    e.add_argument("--json", metavar="OUT")
+    e.add_argument("--markdown", metavar="OUT")
+    add_topology_options(e)
+    e.set_defaults(run=run_ensemble)
 
     a = bsub.add_parser("averaging", help="ds-sync group averaging vs a bare allreduce, same groups",
                         description="DS-Sync's parameter averaging of a model of --size-mb vs a bare "
@@ -259,22 +298,37 @@ def run_compare(args: argparse.Namespace) -> int:
 
     cpu = dict(parse_cpu_limit(text) for text in args.cpu)
     episodes = [parse_episode(text) for text in args.episode]
+    eval_every = args.eval_every or max(1, args.steps // 50)
+    warmup = args.warmup_steps if args.warmup_steps is not None else args.steps // 20
+    train_args = ["--lr", repr(args.lr), "--lr-schedule", args.lr_schedule, "--warmup-steps", str(warmup),
+                  "--batch-size", str(args.batch_size)]
+    reference = None if args.no_stop or args.target_accuracy is not None else args.reference
+    if reference is not None and reference not in strategies:
+        raise ValueError(f"--reference {reference} must be one of --strategies (or give --target-accuracy)")
     console = Console(stderr=True)
+
+    def report(r: dict) -> None:
+        head = f"{r['scenario']} {r['strategy']} seed {r['repeat']}: "
+        if "error" in r:
+            console.print(head + f"FAILED: {r['error']}", markup=False, highlight=False)
+            return
+        tta = r.get("time_to_target_s")
+        console.print(head + f"{r.get('steps_run', r['steps'])} iters, wall {r['wall_s']:.1f} s "
+                      f"({r['wall_s'] * 1e3 / r.get('steps_run', r['steps']):.1f} ms/iter), best accuracy "
+                      f"{r['best_accuracy']:.4f}" + ("" if tta is None else f", target reached at {tta:.1f} s"),
+                      markup=False, highlight=False)
+
     records = compare(scenarios, strategies, task=args.task, steps=args.steps, repeats=args.repeats,
-                      eval_every=args.eval_every, adjust_every=args.adjust_every, model_mb=args.model_mb, cpu=cpu,
-                      episodes=episodes, lr=args.lr,
-                      progress=lambda r: console.print(
-                          f"{r['scenario']} {r['strategy']} seed {r['repeat']}: " + (
-                              f"FAILED: {r['error']}" if "error" in r else
-                              f"comm {r['comm_ms_per_iter']:.1f} ms/iter, wall {r['wall_s']:.1f} s, "
-                              f"best accuracy {r['best_accuracy']:.4f}"), markup=False, highlight=False))
-    rows = summarize(records)
-    table = markdown_table(rows)
+                      eval_every=eval_every, adjust_every=args.adjust_every, model_mb=args.model_mb, cpu=cpu,
+                      episodes=episodes, train_args=train_args, reference=reference,
+                      target=args.target_accuracy, stop=not args.no_stop, progress=report)
+    rows = summarize(records, reference=args.reference)
+    table = markdown_table(rows, reference=args.reference)
     if args.target_loss is not None:
         table += "\n\n" + loss_table(loss_rows(records, args.target_loss))
     _report(table, records, args)
     if args.plot:
-        plot(records, rows, args.plot)
+        plot(records, rows, args.plot, reference=args.reference)
     return 0
 
 
@@ -287,6 +341,38 @@ def _report(table: str, records: object, args: argparse.Namespace) -> None:
         write_json(args.json, records)
     if args.markdown:
         Path(args.markdown).write_text(table + "\n")
+
+
+def run_ensemble(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from dssync.bench.ensemble import compare_ensembles, summarize_ensembles
+    from dssync.commands._common import schedule_from_args
+    from dssync.train import TrainConfig
+
+    if args.seeds < 1:
+        raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
+    rules = [r.strip() for r in args.rules.split(",") if r.strip()]
+    topology = topology_from_args(args)
+    base = TrainConfig(strategy="ds-sync", task=args.task, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                       lr_schedule=args.lr_schedule, eval_every=args.eval_every or max(1, args.steps // 50),
+                       warmup_steps=args.warmup_steps if args.warmup_steps is not None else args.steps // 20,
+                       topology=topology, num_racks=args.racks or 2, schedule=schedule_from_args(args),
+                       timeout_s=args.timeout)
+    nproc = topology.world_size if topology is not None else args.nproc
+    console = Console(stderr=True)
+    records = compare_ensembles(base, rules, range(args.seeds), nproc=nproc, progress=lambda r: console.print(
+        f"seed {r['seed']} {r['rule']}: final accuracy {r['final_accuracy']:.4f}, best {r['best_accuracy']:.4f}",
+        markup=False, highlight=False))
+    lines = ["| rule | evaluations | lower than plain | higher | worst pp | mean pp | mean loss diff | "
+             "at the end, pp (per seed) | final acc. | best acc. |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in summarize_ensembles(records):
+        lines.append(f"| {r['rule']} | {r['evaluations']} | {r['lower']} | {r['higher']} | {r['worst_pp']:+.2f} | "
+                     f"{r['mean_pp']:+.3f} | {r['mean_loss_diff']:+.4f} | "
+                     f"{', '.join(f'{d:+.2f}' for d in r['final_pp'])} | {r['final_accuracy']:.4f} | "
+                     f"{r['best_accuracy']:.4f} |")
+    _report("\n".join(lines), records, args)
+    return 0
 
 
 def run_simcheck(args: argparse.Namespace) -> int:

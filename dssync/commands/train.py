@@ -12,6 +12,7 @@ from dssync._jsonfile import write_json
 from dssync.commands._common import add_topology_options, schedule_from_args, topology_from_args
 from dssync.launch import from_environ
 from dssync.strategies import REGISTRY, get_strategy
+from dssync.strategies.ds_sync import ENSEMBLES
 from dssync.tasks import TASKS
 from dssync.train import LR_SCHEDULES, TrainConfig, train
 
@@ -67,7 +68,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="stop at the first evaluation whose test accuracy reaches ACC (--steps is the cap); "
                    "the record gets time_to_target_s")
     p.add_argument("--model-mb", type=float, default=1.0, help="model size of the synthetic task")
-    p.add_argument("--ema-decay", type=float, default=None, help="ds-sync: decay of the local EMA model")
+    p.add_argument("--ensemble", default=None, choices=ENSEMBLES,
+                   help="ds-sync: what each rank keeps for the final world average: none (its current "
+                   "parameters, the default), swa (its iterates from --swa-start on), ema (--ema-decay)")
+    p.add_argument("--swa-start", type=float, default=None, metavar="FRACTION",
+                   help="ds-sync --ensemble swa: average the iterates after this fraction of the run (default 0.75)")
+    p.add_argument("--ema-decay", type=float, default=None, help="ds-sync --ensemble ema: decay of the local EMA "
+                   "model (default 0.98)")
     p.add_argument("--overlap", action="store_true",
                    help="ds-sync: average layer by layer as backward produces gradients (paper V-A.1)")
     p.add_argument("--bucket-mb", type=float, default=None, metavar="MB",
@@ -91,10 +98,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     options = {}
-    if args.ema_decay is not None:
+    for flag, key, kind in (("--ensemble", "ensemble", None), ("--swa-start", "swa_start", "swa"),
+                            ("--ema-decay", "ema_decay", "ema")):
+        value = getattr(args, key)
+        if value is None:
+            continue
         if args.strategy != "ds-sync":
-            raise ValueError("--ema-decay applies to --strategy ds-sync only")
-        options["ema_decay"] = args.ema_decay
+            raise ValueError(f"{flag} applies to --strategy ds-sync only")
+        if kind is not None and args.ensemble != kind:
+            raise ValueError(f"{flag} applies to --ensemble {kind} only")
+        options[key] = value
     if args.overlap:
         if args.strategy != "ds-sync":
             raise ValueError("--overlap applies to --strategy ds-sync only")

@@ -6,10 +6,11 @@ The groups of a round are disjoint, so they all run at once. Parameters live in 
 buffer per dtype (``dssync.flat``), so the average is one in-place allreduce and one
 scale, with nothing copied in or out.
 
-Each rank also keeps an exponential moving average of its parameters
-(``torch.optim.swa_utils.AveragedModel`` with a bias-corrected EMA, ``debiased_ema``), the
-paper's local SWA model (section III-A.5). ``final_model()`` averages those EMA models over the whole
-world once; that ensemble is the model ds-sync hands back.
+``final_model()`` averages over the whole world once (paper section III-A.5) and hands that
+back: by default the workers' current parameters; with ``ensemble="swa"`` or ``"ema"`` each
+rank's local ensemble model (``torch.optim.swa_utils.AveragedModel``: an equal average of the
+iterates from ``swa_start`` of the run on, or the paper's exponential moving average,
+bias-corrected by ``debiased_ema``).
 
 ``overlap=True`` is the paper's layer-wise mode (section V-A.1): as soon as backward has
 produced all of a layer's gradients, a hook applies that layer's local update (one
@@ -70,13 +71,16 @@ class DSSyncStrategy(Strategy):
 
     @dataclass(frozen=True, kw_only=True)
     class Config(Strategy.Config):
-        ensemble: str = "swa"
+        ensemble: str = "none"
         """The local model each rank keeps and the world averages once at the end (paper
-        section III-A.5): ``swa``, the equal-weight average of the rank's iterates from
-        ``swa_start`` of the run on (``torch.optim.swa_utils.AveragedModel``; before that the
-        handed-back model is the plain world average); ``ema``, an exponential moving average
-        of every iterate (``ema_decay``, the paper's pseudo-code); ``none``, the current
-        parameters."""
+        section III-A.5): ``none``, the current parameters, so the handed-back model is the
+        plain world average of the workers; ``swa``, the equal-weight average of the rank's
+        iterates from ``swa_start`` of the run on (``torch.optim.swa_utils.AveragedModel``;
+        before that, the plain world average); ``ema``, an exponential moving average of every
+        iterate (``ema_decay``, the paper's pseudo-code). ``none`` is the default because it
+        is the only rule measured never to cost accuracy (``dssync bench ensemble``,
+        bench/README.md): on a converged run the others moved the result by a few test images
+        either way, and on short runs at a constant learning rate they lag the workers."""
         swa_start: float = 0.75
         """``ensemble="swa"``: the fraction of the run's iterations after which iterates are averaged."""
         ema_decay: float = 0.98

@@ -372,3 +372,31 @@ def averaging_with_seeded_gradients(comm, strategy_name: str, options: dict, rac
         trace.append(torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone())
     handed_back = strategy.final_model()
     return trace, torch.nn.utils.parameters_to_vector(handed_back.parameters()).detach().clone()
+
+
+def handed_back_and_plain_average(comm, steps: int, eval_every: int, options: dict):
+    """ds-sync on ``digits`` through the strategy API; at every evaluation the handed-back model's
+    parameters and every rank's current parameters (the parent averages those itself)."""
+    from dssync.tasks import build_task
+
+    task = build_task("digits", seed=3)
+    model = task.model
+    strategy = DSSyncStrategy(StrategyContext(comm=comm, model=model, topology=Topology.from_rack_sizes([2, 2]),
+                                              steps=steps), DSSyncStrategy.Config(**options))
+    optimizer = strategy.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    strategy.setup()
+    batches = task.batches(comm.rank, comm.world_size, 32, seed=3)
+    out = []
+    for step in range(steps):
+        x, y = next(batches)
+        loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        strategy.before_step(step)
+        optimizer.step()
+        strategy.after_step(step)
+        if (step + 1) % eval_every == 0:
+            handed = torch.nn.utils.parameters_to_vector(strategy.final_model().parameters()).detach().clone()
+            mine = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+            out.append((step + 1, handed, comm.allgather_object(mine)))
+    return out

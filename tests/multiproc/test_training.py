@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+from dssync.launch import run_ranks
 from dssync.train import TrainConfig, train
 
 pytestmark = pytest.mark.dist
@@ -71,3 +73,24 @@ def test_readme_example_under_torchrun():
     assert proc.returncode == 0, proc.stderr[-3000:]
     accuracy = float(proc.stdout.split("test accuracy")[1])
     assert accuracy > 0.85  # chance is 0.10
+
+
+def test_ds_sync_hands_back_a_model_at_least_as_accurate_as_the_plain_world_average():
+    """The ensemble rule (issue: it must never cost accuracy): at every evaluation of a short
+    constant-rate run, where an ensemble that lags the workers loses (an EMA of decay 0.98 was
+    0.2-2 points lower here), the handed-back model is at least as accurate as the average of
+    the ranks' current parameters, computed here from every rank's own parameters."""
+    from ranks import handed_back_and_plain_average
+
+    from dssync.tasks import build_task
+
+    out = run_ranks(handed_back_and_plain_average, 120, 10, {}, nproc=4, timeout_s=120)[0]
+    task = build_task("digits", seed=3)
+    for step, handed, everyone in out:
+        plain = torch.stack(everyone).mean(0)
+        accuracy = {}
+        for name, vector in (("handed back", handed), ("plain", plain)):
+            torch.nn.utils.vector_to_parameters(vector, task.model.parameters())
+            accuracy[name] = task.accuracy(task.model)
+        assert accuracy["handed back"] >= accuracy["plain"], (step, accuracy)
+    assert accuracy["plain"] > 0.85  # trained: chance is 0.10

@@ -12,8 +12,8 @@ def run(strategy, repeat, comm, wall, curve, scenario="inter-rack"):
 
 
 RECORDS = [
-    run("allreduce", 0, 100.0, 10.0, [(10, 5.0, 0.80), (20, 10.0, 0.90)]),
-    run("allreduce", 1, 120.0, 12.0, [(10, 6.0, 0.85), (20, 12.0, 0.95)]),
+    run("ddp", 0, 100.0, 10.0, [(10, 5.0, 0.80), (20, 10.0, 0.90)]),
+    run("ddp", 1, 120.0, 12.0, [(10, 6.0, 0.85), (20, 12.0, 0.95)]),
     run("ds-sync", 0, 40.0, 4.0, [(10, 2.0, 0.88), (20, 4.0, 0.93)]),
     run("ds-sync", 1, 60.0, 6.0, [(10, 3.0, 0.91), (20, 6.0, 0.92)]),
     run("asp", 0, 10.0, 1.0, [(10, 0.5, 0.70), (20, 1.0, 0.89)]),
@@ -21,19 +21,33 @@ RECORDS = [
 ]
 
 
-def test_target_is_allreduces_lowest_best_and_times_are_medians_over_repeats():
+def test_target_is_the_references_lowest_best_and_times_are_medians_over_repeats():
     rows = {r["strategy"]: r for r in summarize(RECORDS)}
-    assert rows["allreduce"]["target_accuracy"] == pytest.approx(0.90)  # min(0.90, 0.95)
-    assert rows["allreduce"]["comm_ms_per_iter"] == pytest.approx(110.0)
+    assert rows["ddp"]["target_accuracy"] == pytest.approx(0.90)  # min(0.90, 0.95)
+    assert rows["ddp"]["comm_ms_per_iter"] == pytest.approx(110.0)
     assert rows["ds-sync"]["comm_ms_per_iter"] == pytest.approx(50.0)
-    assert rows["ds-sync"]["allreduce_over_this_comm"] == pytest.approx(2.2)
     # ds-sync reaches 0.90 at step 20 (4.0 s) in repeat 0 and at step 10 (3.0 s) in repeat 1.
     assert rows["ds-sync"]["time_to_target_s"] == pytest.approx(3.5)
     assert rows["ds-sync"]["iterations_to_target"] == pytest.approx(15)
-    assert rows["allreduce"]["time_to_target_s"] == pytest.approx(11.0)
+    assert rows["ds-sync"]["reached"] == 2
+    assert rows["ddp"]["time_to_target_s"] == pytest.approx(11.0)  # 10.0 and 12.0 (0.90 first at step 20)
+    assert rows["ds-sync"]["tta_ratio"] == pytest.approx(11.0 / 3.5)
+    assert rows["ddp"]["tta_ratio"] == pytest.approx(1.0)
+    assert rows["ds-sync"]["wall_ms_per_iter"] == pytest.approx(250.0)  # 4.0 s and 6.0 s over 20 steps
     # asp reaches 0.90 only in repeat 1: no time to target.
+    assert rows["asp"]["reached"] == 1
     assert rows["asp"]["time_to_target_s"] is None and rows["asp"]["iterations_to_target"] is None
+    assert rows["asp"]["tta_ratio"] is None
     assert rows["asp"]["rank_comm_ms_per_iter"] is None  # no per-rank samples recorded
+    assert rows["asp"]["best_accuracy"] == pytest.approx(0.90) and rows["asp"]["best_accuracy_min"] == pytest.approx(0.89)
+
+
+def test_a_stopped_run_is_timed_per_iteration_it_ran_and_the_target_it_was_stopped_at_wins():
+    stopped = [dict(r, steps=1000, steps_run=20, target_accuracy=0.905) for r in RECORDS]
+    rows = {r["strategy"]: r for r in summarize(stopped)}
+    assert rows["ds-sync"]["target_accuracy"] == pytest.approx(0.905)
+    assert rows["ds-sync"]["wall_ms_per_iter"] == pytest.approx(250.0)
+    assert rows["ds-sync"]["time_to_target_s"] == pytest.approx(3.5)  # 0.93 at 4.0 s, 0.91 at 3.0 s
 
 
 def test_per_rank_comm_is_each_ranks_mean_after_warm_up_averaged_over_ranks():
@@ -44,23 +58,27 @@ def test_per_rank_comm_is_each_ranks_mean_after_warm_up_averaged_over_ranks():
     rec = dict(RECORDS[2], comm_ms_by_rank=by_rank)
     rows = {r["strategy"]: r for r in summarize([rec, dict(rec, repeat=1)])}
     assert rows["ds-sync"]["rank_comm_ms_per_iter"] == pytest.approx(25.0)
-    assert "| inter-rack | ds-sync | 40.0 | n/a | 25.0 |" in markdown_table(list(rows.values()))
+    assert "| inter-rack | ds-sync | 0/2 | n/a | n/a | n/a | 200.0 | 25.0 | 40.0 | 0.9300 (0.9300) | n/a |" \
+        in markdown_table(list(rows.values()))
 
 
 def test_scenarios_are_summarized_apart_and_the_table_shows_every_row():
     other = [dict(r, scenario="static") for r in RECORDS[:2]]
     rows = summarize(RECORDS + other)
     assert [(r["scenario"], r["strategy"]) for r in rows] == [
-        ("inter-rack", "allreduce"), ("inter-rack", "ds-sync"), ("inter-rack", "asp"),
-        ("static", "allreduce")]
+        ("inter-rack", "ddp"), ("inter-rack", "ds-sync"), ("inter-rack", "asp"), ("static", "ddp")]
     table = markdown_table(rows).splitlines()
     assert len(table) == 2 + 4
-    assert "| inter-rack | asp | 10.0 | 11.00 |" in table[4] and table[4].endswith("| n/a | n/a |")
+    assert table[3] == ("| inter-rack | ds-sync | 2/2 | 3.5 | 3.14 | 15 | 250.0 | n/a | 50.0 | "
+                        "0.9250 (0.9200) | 0.9000 |")
+    assert table[4].startswith("| inter-rack | asp | 1/2 | n/a | n/a | n/a | 50.0 |")
 
 
-def test_without_allreduce_there_is_no_target():
-    rows = summarize([r for r in RECORDS if r["strategy"] != "allreduce"])
-    assert all(r["target_accuracy"] is None and r["allreduce_over_this_comm"] is None for r in rows)
+def test_without_the_reference_there_is_no_target():
+    rows = summarize([r for r in RECORDS if r["strategy"] != "ddp"])
+    assert all(r["target_accuracy"] is None and r["tta_ratio"] is None for r in rows)
+    rows = summarize(RECORDS, reference="asp")  # another reference: its lowest best, 0.89
+    assert rows[0]["target_accuracy"] == pytest.approx(0.89)
 
 
 def test_a_failed_run_is_left_out_of_the_medians_and_named_under_the_table():

@@ -42,20 +42,39 @@ def test_ds_sync_round_averages_within_groups_only():
             torch.testing.assert_close(out[r], expected)
 
 
-def test_ds_sync_final_model_is_the_global_mean_of_ema_models():
+@pytest.mark.parametrize("ensemble", ["none", "ema", "swa"])
+def test_ds_sync_final_model_is_the_global_mean_of_the_ensemble_models(ensemble):
+    """none: the current parameters; ema: the EMA models (one iterate, the own init here);
+    swa: the plain average until the ensemble holds an iterate, then the SWA models."""
     topo = Topology.from_rack_sizes([2, 2])
 
     def body(comm):
         model = _seeded_linear(comm.rank)
-        strategy = DSSyncStrategy(StrategyContext(comm=comm, model=model, topology=topo))
-        strategy.swa_model.update_parameters(model)  # EMA starts at this rank's own init
-        final = strategy.final_model()
-        return final, torch.nn.utils.parameters_to_vector(model.parameters())
+        start = torch.nn.utils.parameters_to_vector(model.parameters()).clone()
+        strategy = DSSyncStrategy(StrategyContext(comm=comm, model=model, topology=topo, steps=4),
+                                  DSSyncStrategy.Config(ensemble=ensemble, swa_start=0.5))
+        if ensemble == "ema":
+            strategy.swa_model.update_parameters(model)  # the EMA starts at this rank's own init
+        before = torch.nn.utils.parameters_to_vector(strategy.final_model().parameters())
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+        strategy._fold(1)  # before swa_start (iteration 2 of 4): not taken in
+        strategy._fold(2)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(2.0)
+        strategy._fold(3)
+        after = torch.nn.utils.parameters_to_vector(strategy.final_model().parameters())
+        return start, before, after
 
     out = FakeWorld(4).run(body)
-    expected = torch.stack([v for _, v in out]).mean(0)
-    for final, _ in out:
-        torch.testing.assert_close(torch.nn.utils.parameters_to_vector(final.parameters()), expected)
+    mean = torch.stack([start for start, _, _ in out]).mean(0)
+    want_after = {"none": mean + 3.0, "ema": None, "swa": mean + 2.0}[ensemble]  # swa: (+1, +3) averaged
+    for _, before, after in out:
+        torch.testing.assert_close(before, mean)
+        if want_after is not None:
+            torch.testing.assert_close(after, want_after)
 
 
 @pytest.mark.parametrize("decay", [0.0, 0.5, 0.98])
