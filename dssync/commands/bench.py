@@ -54,7 +54,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--no-stop", action="store_true",
                    help="run every strategy to --steps instead of stopping at the target")
     c.add_argument("--task", default="mnist-wide")
-    c.add_argument("--steps", type=int, default=1000, help="iterations, the cap of runs that stop at the target")
+    c.add_argument("--steps", type=int, default=600, help="iterations, the cap of runs that stop at the target")
     c.add_argument("--repeats", type=int, default=1)
     c.add_argument("--eval-every", type=int, default=None,
                    help="evaluate every this many iterations (default: every 2%% of --steps)")
@@ -106,7 +106,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--rules", default="swa:0.75,ema:0.98", metavar="R,R,...",
                    help="rules beside none: swa[:START] (fraction of the run), ema[:DECAY] (default swa:0.75,ema:0.98)")
     e.add_argument("--task", default="mnist-wide")
-    e.add_argument("--steps", type=int, default=1000)
+    e.add_argument("--steps", type=int, default=600)
     e.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1")
     e.add_argument("--nproc", type=int, default=8)
     e.add_argument("--batch-size", type=int, default=32)

@@ -1,5 +1,5 @@
-"""``bench compare`` on a real emulated network, with an oracle: hierarchical averages exactly
-allreduce's gradient, so from the same seed both train the same model."""
+"""``bench compare`` on a real emulated network, with an oracle: ddp, allreduce and hierarchical
+all take BSP's step (the mean gradient), so from the same seed they train the same model."""
 
 import pytest
 
@@ -8,16 +8,19 @@ from dssync.bench.compare import compare, summarize
 pytestmark = pytest.mark.emulate
 
 
-def test_compare_runs_every_strategy_on_the_scenario_and_hierarchical_matches_allreduce(name):
-    records = compare(["inter-rack"], ["allreduce", "hierarchical"], task="digits", steps=30, eval_every=15,
-                      name=name)
-    assert [(r["scenario"], r["strategy"]) for r in records] == [("inter-rack", "allreduce"),
+def test_compare_runs_every_strategy_on_the_scenario_and_the_bsp_variants_agree(name):
+    records = compare(["inter-rack"], ["ddp", "allreduce", "hierarchical"], task="digits", steps=30,
+                      eval_every=15, name=name, stop=False)
+    assert [(r["scenario"], r["strategy"]) for r in records] == [("inter-rack", "ddp"), ("inter-rack", "allreduce"),
                                                                 ("inter-rack", "hierarchical")]
-    ar, hier = records
-    assert ar["final_accuracy"] > 0.5
-    assert [c["accuracy"] for c in hier["curve"]] == pytest.approx([c["accuracy"] for c in ar["curve"]], abs=0.005)
-    rows = summarize(records)
-    assert rows[0]["target_accuracy"] == ar["best_accuracy"] and rows[0]["comm_ms_per_iter"] > 0
+    ddp, ar, hier = records
+    assert ddp["final_accuracy"] > 0.5
+    for other in (ar, hier):
+        assert [c["accuracy"] for c in other["curve"]] == pytest.approx([c["accuracy"] for c in ddp["curve"]],
+                                                                        abs=0.005)
+    rows = summarize(records, reference="ddp")
+    assert all(r["target_accuracy"] == ddp["best_accuracy"] for r in rows) and rows[0]["comm_ms_per_iter"] > 0
+    assert rows[0]["tta_ratio"] == 1.0
 
 
 def test_simcheck_measures_the_shaped_network_the_simulator_models(name):
