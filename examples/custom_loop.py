@@ -33,7 +33,7 @@ def main() -> None:
         strategy.before_step(step)
         optimizer.step()
         strategy.after_step(step)  # parameter averaging within this step's group
-    final = strategy.final_model()  # global average of every rank's SWA (EMA) model
+    final = strategy.final_model()  # the world average of every rank's model
     if comm.rank == 0:
         print(f"test accuracy {task.accuracy(final):.4f}")
     dist.destroy_process_group()
