@@ -28,7 +28,7 @@ from typing import Any
 from dssync.bench.overlap import train_on_cluster
 from dssync.errors import DssyncError
 from dssync.launch import emulate
-from dssync.train import comm_warmup, per_rank_comm_ms
+from dssync.train import comm_warmup, first_at_target, per_rank_comm_ms
 
 __all__ = ["compare", "loss_rows", "loss_table", "markdown_table", "parse_variant", "plot", "summarize"]
 
@@ -118,11 +118,9 @@ def parse_variant(spec: str) -> tuple[str, list[str]]:
     return name, [kv for kv in settings if kv]
 
 
-def _time_to(curve: list[dict[str, float]], target: float) -> tuple[float | None, int | None]:
-    for point in curve:
-        if point["accuracy"] >= target - 1e-12:
-            return point["wall_s"], int(point["step"])
-    return None, None
+def _time_to(curve: list[dict[str, Any]], target: float) -> tuple[float | None, int | None]:
+    point = first_at_target(curve, target)
+    return (None, None) if point is None else (point["wall_s"], int(point["step"]))
 
 
 def _fmt(value: Any, spec: str) -> str:

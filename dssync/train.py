@@ -28,7 +28,8 @@ from dssync.tasks import TASKS, build_task
 from dssync.topology import Topology
 from dssync.topology.probe import ProbeConfig, host_name, probe_rank
 
-__all__ = ["LR_SCHEDULES", "TrainConfig", "lr_factor", "per_rank_comm_ms", "summarize_comm", "train", "train_rank"]
+__all__ = ["LR_SCHEDULES", "TrainConfig", "first_at_target", "lr_factor", "per_rank_comm_ms", "summarize_comm",
+           "train", "train_rank"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,6 +115,12 @@ def summarize_comm(samples_by_rank: list[list[float]], *, warmup: int) -> tuple[
     return (statistics.median(kept) if kept else 0.0), per_iter
 
 
+def first_at_target(curve: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
+    """The first evaluation of ``curve`` whose accuracy reaches ``target`` (a target read back
+    from JSON may differ from the accuracy it came from in the last bit), or ``None``."""
+    return next((p for p in curve if p["accuracy"] >= target - 1e-12), None)
+
+
 def per_rank_comm_ms(samples_by_rank: list[list[float]], *, warmup: int) -> float:
     """DESIGN section 7's headline: each rank's own mean comm time per iteration after
     ``warmup`` (seconds in, ms out), averaged over the ranks.
@@ -191,7 +198,7 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
             if inline:
                 point["accuracy"], point["loss"] = task.evaluate(handed_back)
                 curve.append(point)
-                stop = point["accuracy"] >= cfg.target_accuracy - 1e-12
+                stop = first_at_target([point], cfg.target_accuracy) is not None
             else:  # evaluated after the loop: rank 0 stops only for the copy
                 snapshots.append((point, hookless_copy(handed_back)))
         if inline and not last:
@@ -216,8 +223,7 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
         curve.append(point)
     warmup = comm_warmup(steps_run)
     comm_ms, per_iter = summarize_comm(samples, warmup=warmup)
-    reached = next((p for p in curve if cfg.target_accuracy is not None
-                    and p["accuracy"] >= cfg.target_accuracy - 1e-12), None)
+    reached = None if cfg.target_accuracy is None else first_at_target(curve, cfg.target_accuracy)
     changes = strategy.schedule_changes()
     # Comm time under each schedule the run followed: the median of the per-iteration
     # maxima over the iterations it was in force (the first few after a switch included).

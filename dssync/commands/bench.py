@@ -273,6 +273,12 @@ def _allreduce_per_backend(args: argparse.Namespace, backends: list[str]) -> int
     return 0
 
 
+def _eval_and_warmup(args: argparse.Namespace) -> tuple[int, int]:
+    """--eval-every and --warmup-steps, defaulting to 2 % and 5 % of --steps."""
+    eval_every = args.eval_every or max(1, args.steps // 50)
+    return eval_every, args.warmup_steps if args.warmup_steps is not None else args.steps // 20
+
+
 def run_compare(args: argparse.Namespace) -> int:
 
     from rich.console import Console
@@ -298,8 +304,7 @@ def run_compare(args: argparse.Namespace) -> int:
 
     cpu = dict(parse_cpu_limit(text) for text in args.cpu)
     episodes = [parse_episode(text) for text in args.episode]
-    eval_every = args.eval_every or max(1, args.steps // 50)
-    warmup = args.warmup_steps if args.warmup_steps is not None else args.steps // 20
+    eval_every, warmup = _eval_and_warmup(args)
     train_args = ["--lr", repr(args.lr), "--lr-schedule", args.lr_schedule, "--warmup-steps", str(warmup),
                   "--batch-size", str(args.batch_size)]
     reference = None if args.no_stop or args.target_accuracy is not None else args.reference
@@ -354,9 +359,9 @@ def run_ensemble(args: argparse.Namespace) -> int:
         raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
     rules = [r.strip() for r in args.rules.split(",") if r.strip()]
     topology = topology_from_args(args)
+    eval_every, warmup = _eval_and_warmup(args)
     base = TrainConfig(strategy="ds-sync", task=args.task, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                       lr_schedule=args.lr_schedule, eval_every=args.eval_every or max(1, args.steps // 50),
-                       warmup_steps=args.warmup_steps if args.warmup_steps is not None else args.steps // 20,
+                       lr_schedule=args.lr_schedule, eval_every=eval_every, warmup_steps=warmup,
                        topology=topology, num_racks=args.racks or 2, schedule=schedule_from_args(args),
                        timeout_s=args.timeout)
     nproc = topology.world_size if topology is not None else args.nproc

@@ -34,14 +34,13 @@ from dssync.strategy import Strategy, StrategyContext
 __all__ = ["DDPStrategy", "require_torch_distributed"]
 
 
-def require_torch_distributed(strategy: str, comm: Any) -> Any:
-    """The torch process group behind ``comm``, or an error that says to use ``--backend torch``."""
+def require_torch_distributed(strategy: str, comm: Any) -> None:
+    """An error that says to use ``--backend torch`` unless ``comm`` runs on torch.distributed."""
     from dssync.collectives.torch_dist import TorchCommunicator
 
     if not isinstance(comm, TorchCommunicator):
         raise DssyncError(f"{strategy} runs on torch.distributed process groups; use --backend torch "
                           f"(this job's communicator is {type(comm).__name__})")
-    return comm
 
 
 class DDPStrategy(Strategy):
