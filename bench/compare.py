@@ -30,7 +30,8 @@ from dssync.errors import DssyncError
 from dssync.launch import emulate
 from dssync.train import comm_warmup, first_at_target, per_rank_comm_ms
 
-__all__ = ["compare", "loss_rows", "loss_table", "markdown_table", "parse_variant", "plot", "summarize"]
+__all__ = ["compare", "loss_rows", "loss_table", "markdown_table", "parse_variant", "plot", "seed_rows", "seed_table",
+           "summarize"]
 
 
 def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = "digits", steps: int = 300,
@@ -244,6 +245,54 @@ def markdown_table(rows: Sequence[dict[str, Any]], reference: str = "ddp") -> st
                 for r in rows if r.get("failed")]
     if failures:
         lines += ["", "Left out: " + "; ".join(failures) + " (the error of each is in the JSON records)."]
+    return "\n".join(lines)
+
+
+def seed_rows(records: Sequence[dict[str, Any]], reference: str = "ddp") -> list[dict[str, Any]]:
+    """Per (scenario, strategy): the best accuracy of every seed and its difference to the
+    reference's best on the same seed (same initial model, same batches), paired seed by seed:
+    the mean difference, its 95 % t-interval (``scipy.stats``; ``None`` below 2 pairs) and how
+    many seeds got at least the reference's own best; ``stopped`` lists the seeds whose run
+    ended early at a target, so that its best is where it stopped, not where it would have
+    got (``bench compare --no-stop`` runs every seed to the end). Compare a strategy's interval with that
+    of one that takes the reference's very steps (``allreduce`` beside ``ddp``): that one's
+    spread is what floating-point summation order alone does to a best accuracy."""
+    from scipy import stats
+
+    records = [r for r in records if "error" not in r]
+    rows = []
+    for scenario, strategy in dict.fromkeys((r["scenario"], r["strategy"]) for r in records):
+        mine = [r for r in records if (r["scenario"], r["strategy"]) == (scenario, strategy)]
+        bests = {r["repeat"]: r["best_accuracy"] for r in mine}
+        ref = {r["repeat"]: r["best_accuracy"] for r in records
+               if (r["scenario"], r["strategy"]) == (scenario, reference)}
+        diffs = [bests[k] - ref[k] for k in sorted(bests) if k in ref]
+        mean = statistics.fmean(diffs) if diffs else None
+        low = high = None
+        if len(diffs) >= 2:
+            sem = stats.sem(diffs)
+            low, high = stats.t.interval(0.95, len(diffs) - 1, loc=mean, scale=sem) if sem > 0 else (mean, mean)
+        stopped = sorted(r["repeat"] for r in mine if r.get("steps_run", r["steps"]) < r["steps"])
+        rows.append({"scenario": scenario, "strategy": strategy, "bests": dict(sorted(bests.items())),
+                     "stopped": stopped,
+                     "pairs": len(diffs), "mean_diff": mean, "ci95": None if low is None else (low, high),
+                     "at_least_reference": sum(d >= 0 for d in diffs)})
+    return rows
+
+
+def seed_table(rows: Sequence[dict[str, Any]], reference: str = "ddp") -> str:
+    """``seed_rows`` as markdown: differences in percentage points; † marks a run stopped at
+    the target."""
+    seeds = sorted({k for r in rows for k in r["bests"]})
+    lines = [f"| scenario | strategy | {' | '.join(f'seed {k}' for k in seeds)} | − {reference}, mean pp | "
+             f"95 % interval pp | seeds ≥ {reference} |", "|---|---|" + "---|" * (len(seeds) + 3)]
+    for r in rows:
+        ci = "n/a" if r["ci95"] is None else f"{100 * r['ci95'][0]:+.3f} … {100 * r['ci95'][1]:+.3f}"
+        mean = "n/a" if r["mean_diff"] is None else f"{100 * r['mean_diff']:+.3f}"
+        lines.append(f"| {r['scenario']} | {r['strategy']} | "
+                     + " | ".join(_fmt(r["bests"].get(k), ".4f") + ("†" if k in r["stopped"] else "")
+                                  for k in seeds)
+                     + f" | {mean} | {ci} | {r['at_least_reference']}/{r['pairs']} |")
     return "\n".join(lines)
 
 

@@ -290,6 +290,8 @@ def run_compare(args: argparse.Namespace) -> int:
         markdown_table,
         parse_variant,
         plot,
+        seed_rows,
+        seed_table,
         summarize,
     )
     from dssync.commands.train import strategy_settings
@@ -329,6 +331,10 @@ def run_compare(args: argparse.Namespace) -> int:
                       target=args.target_accuracy, stop=not args.no_stop, progress=report)
     rows = summarize(records, reference=args.reference)
     table = markdown_table(rows, reference=args.reference)
+    if args.repeats > 1:
+        table += (f"\n\nBest accuracy per seed, and paired with {args.reference}'s on the same seed "
+                  "(†: stopped at the target, so no higher than the target):\n\n") + \
+            seed_table(seed_rows(records, reference=args.reference), reference=args.reference)
     if args.target_loss is not None:
         table += "\n\n" + loss_table(loss_rows(records, args.target_loss))
     _report(table, records, args)

@@ -123,3 +123,31 @@ def test_loss_target_counts_iterations_updates_and_aborts_as_medians_over_repeat
     assert rows["specsync"]["aborts_per_run"] == pytest.approx(5)  # (3 + 1 + 5 + 1) / 2 runs
     assert rows["specsync"]["resyncs_sent_per_run"] == pytest.approx(10)
     assert "| static | specsync | 0.500 | 2/2 | 15 | 120 | 2.2 | 0.200 | 5 | 10 |" in loss_table(list(rows.values()))
+
+
+def test_seed_rows_pair_each_seed_with_the_references_own_and_mark_stopped_runs():
+    from dssync.bench.compare import seed_rows, seed_table
+
+    def rec(strategy, repeat, best, steps_run=20):
+        return {"scenario": "static", "strategy": strategy, "repeat": repeat, "steps": 20,
+                "steps_run": steps_run, "best_accuracy": best}
+
+    records = [rec("ddp", 0, 0.90), rec("ddp", 1, 0.92), rec("ddp", 2, 0.94),
+               rec("ds-sync", 0, 0.91), rec("ds-sync", 1, 0.91, steps_run=12), rec("ds-sync", 2, 0.94),
+               rec("asp", 0, 0.80), {"scenario": "static", "strategy": "asp", "repeat": 1, "error": "x"}]
+    rows = {r["strategy"]: r for r in seed_rows(records)}
+    ds = rows["ds-sync"]
+    # differences +0.01, -0.01, 0.00: mean 0, sample std 0.01, t(0.975, 2) = 4.302653
+    assert ds["mean_diff"] == pytest.approx(0.0, abs=1e-12)
+    half = 4.302653 * 0.01 / 3 ** 0.5
+    assert ds["ci95"][0] == pytest.approx(-half, rel=1e-5) and ds["ci95"][1] == pytest.approx(half, rel=1e-5)
+    assert ds["at_least_reference"] == 2 and ds["pairs"] == 3 and ds["stopped"] == [1]
+    assert rows["asp"]["pairs"] == 1 and rows["asp"]["ci95"] is None  # one seed: no interval
+    assert rows["asp"]["mean_diff"] == pytest.approx(-0.10)
+    assert rows["ddp"]["mean_diff"] == 0.0 and rows["ddp"]["at_least_reference"] == 3
+    table = seed_table(list(rows.values())).splitlines()
+    assert table[0].startswith("| scenario | strategy | seed 0 | seed 1 | seed 2 |")
+    ds_line = next(line for line in table if "| ds-sync |" in line)
+    assert "| 0.9100 | 0.9100† | 0.9400 | +0.000 |" in ds_line and ds_line.endswith("| 2/3 |")
+    asp_line = next(line for line in table if "| asp |" in line)
+    assert "| 0.8000 | n/a | n/a | -10.000 | n/a | 0/1 |" in asp_line
