@@ -250,32 +250,32 @@ def markdown_table(rows: Sequence[dict[str, Any]], reference: str = "ddp") -> st
 
 def seed_rows(records: Sequence[dict[str, Any]], reference: str = "ddp") -> list[dict[str, Any]]:
     """Per (scenario, strategy): the best accuracy of every seed and its difference to the
-    reference's best on the same seed (same initial model, same batches), paired seed by seed:
-    the mean difference, its 95 % t-interval (``scipy.stats``; ``None`` below 2 pairs) and how
-    many seeds got at least the reference's own best; ``stopped`` lists the seeds whose run
-    ended early at a target, so that its best is where it stopped, not where it would have
-    got (``bench compare --no-stop`` runs every seed to the end). Compare a strategy's interval with that
-    of one that takes the reference's very steps (``allreduce`` beside ``ddp``): that one's
-    spread is what floating-point summation order alone does to a best accuracy."""
+    reference's best on the same seed (same initial model, same batches), paired seed by
+    seed: the mean difference, its 95 % t-interval (``scipy.stats.ttest_1samp``; ``None``
+    below 2 pairs) and how many seeds got at least the reference's own best. ``stopped``
+    lists the seeds whose run ended early at a target, so that its best is where it stopped,
+    not where it would have got (``bench compare --no-stop`` runs every seed to the end).
+    Compare a strategy's interval with that of one that takes the reference's very steps
+    (``allreduce`` beside ``ddp``): that one's spread is what floating-point summation order
+    alone does to a best accuracy."""
     from scipy import stats
 
-    records = [r for r in records if "error" not in r]
+    runs: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
+    for r in records:
+        if "error" not in r:
+            runs.setdefault((r["scenario"], r["strategy"]), {})[r["repeat"]] = r
     rows = []
-    for scenario, strategy in dict.fromkeys((r["scenario"], r["strategy"]) for r in records):
-        mine = [r for r in records if (r["scenario"], r["strategy"]) == (scenario, strategy)]
-        bests = {r["repeat"]: r["best_accuracy"] for r in mine}
-        ref = {r["repeat"]: r["best_accuracy"] for r in records
-               if (r["scenario"], r["strategy"]) == (scenario, reference)}
-        diffs = [bests[k] - ref[k] for k in sorted(bests) if k in ref]
+    for (scenario, strategy), mine in runs.items():
+        ref = runs.get((scenario, reference), {})
+        diffs = [mine[k]["best_accuracy"] - ref[k]["best_accuracy"] for k in sorted(mine) if k in ref]
         mean = statistics.fmean(diffs) if diffs else None
-        low = high = None
-        if len(diffs) >= 2:
-            sem = stats.sem(diffs)
-            low, high = stats.t.interval(0.95, len(diffs) - 1, loc=mean, scale=sem) if sem > 0 else (mean, mean)
-        stopped = sorted(r["repeat"] for r in mine if r.get("steps_run", r["steps"]) < r["steps"])
-        rows.append({"scenario": scenario, "strategy": strategy, "bests": dict(sorted(bests.items())),
-                     "stopped": stopped,
-                     "pairs": len(diffs), "mean_diff": mean, "ci95": None if low is None else (low, high),
+        ci = None
+        if len(diffs) >= 2:  # a t-interval needs a spread; equal differences have none
+            ci = (mean, mean) if len(set(diffs)) == 1 else tuple(stats.ttest_1samp(diffs, 0.0).confidence_interval(0.95))
+        rows.append({"scenario": scenario, "strategy": strategy,
+                     "bests": {k: mine[k]["best_accuracy"] for k in sorted(mine)},
+                     "stopped": [k for k in sorted(mine) if mine[k].get("steps_run", mine[k]["steps"]) < mine[k]["steps"]],
+                     "pairs": len(diffs), "mean_diff": mean, "ci95": ci,
                      "at_least_reference": sum(d >= 0 for d in diffs)})
     return rows
 

@@ -28,7 +28,7 @@ from dssync.tasks import TASKS, build_task
 from dssync.topology import Topology
 from dssync.topology.probe import ProbeConfig, host_name, probe_rank
 
-__all__ = ["LR_SCHEDULES", "TrainConfig", "first_at_target", "lr_factor", "per_rank_comm_ms", "summarize_comm",
+__all__ = ["LR_SCHEDULES", "TrainConfig", "at_target", "first_at_target", "lr_factor", "per_rank_comm_ms", "summarize_comm",
            "train", "train_rank"]
 
 
@@ -115,10 +115,15 @@ def summarize_comm(samples_by_rank: list[list[float]], *, warmup: int) -> tuple[
     return (statistics.median(kept) if kept else 0.0), per_iter
 
 
+def at_target(point: dict[str, Any], target: float) -> bool:
+    """Whether an evaluation's accuracy reaches ``target`` (a target read back from JSON may
+    differ from the accuracy it came from in the last bit)."""
+    return point["accuracy"] >= target - 1e-12
+
+
 def first_at_target(curve: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
-    """The first evaluation of ``curve`` whose accuracy reaches ``target`` (a target read back
-    from JSON may differ from the accuracy it came from in the last bit), or ``None``."""
-    return next((p for p in curve if p["accuracy"] >= target - 1e-12), None)
+    """The first evaluation of ``curve`` that reaches ``target`` (``at_target``), or ``None``."""
+    return next((p for p in curve if at_target(p, target)), None)
 
 
 def per_rank_comm_ms(samples_by_rank: list[list[float]], *, warmup: int) -> float:
@@ -198,7 +203,7 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
             if inline:
                 point["accuracy"], point["loss"] = task.evaluate(handed_back)
                 curve.append(point)
-                stop = first_at_target([point], cfg.target_accuracy) is not None
+                stop = at_target(point, cfg.target_accuracy)
             else:  # evaluated after the loop: rank 0 stops only for the copy
                 snapshots.append((point, hookless_copy(handed_back)))
         if inline and not last:
