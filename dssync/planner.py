@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse
@@ -23,7 +24,7 @@ __all__ = ["adjusted_plan", "check_adjusted", "check_paced", "check_static", "pa
 
 #: Longest period for which racks of unequal size rotate in their exact least common
 #: multiple; beyond it (say racks of 7, 8, 9 and 11 ranks: lcm 5544) the plan uses a
-#: bounded rotation of ``max(rack sizes)`` rounds instead.
+#: bounded rotation of at least this many rounds instead.
 DEFAULT_MAX_PERIOD = 64
 
 
@@ -42,9 +43,11 @@ def static_plan(
 
     Racks of unequal size rotate independently. The period is the least common multiple
     of the rack sizes, so every worker is representative equally often, when that is at
-    most ``max(max_period, largest rack)`` rounds; otherwise it is a *bounded rotation*
-    of ``largest rack`` rounds, in which every worker still represents its rack at least
-    once per period (smaller racks wrap around early).
+    most ``max(max_period, largest rack)`` rounds; otherwise (racks of 7, 8, 9 and 11: lcm
+    5544) it is a *bounded rotation*, the shortest multiple of the largest rack that is at
+    least ``max_period`` rounds, in which the numbers of times any two workers of a rack
+    represent it differ by at most one (a rack of 7 in 66 rounds: 9 or 10 times each), and
+    ``Schedule.notes`` says so.
 
     When every rack has at most two workers, lock-step rotation can leave ranks that
     never meet; the plan then shifts each rack's rotation block by block (period
@@ -55,13 +58,15 @@ def static_plan(
     ``predicted_comm_ms`` (the mean over the period of the slowest group's lower bound).
     """
     racks = topology.racks()
+    notes: list[str] = []
     if len(racks) == 1:
         period: list[Partition] = [(tuple(racks[0]),)]
     else:
         sizes = [len(r) for r in racks]
-        length = math.lcm(*sizes)
-        if length > max(max_period, max(sizes)):
-            length = max(sizes)
+        length, bounded = _period_length(sizes, max_period)
+        if bounded:
+            notes.append(f"racks of {sizes} workers: a bounded period of {length} rounds (exact rotation "
+                         f"needs {math.lcm(*sizes)}); representation counts within a rack differ by at most one")
         period = _rotation(racks, length, shifted=False)
         if not _connected(period, topology.world_size):
             # Racks of two have a singleton intra-rack group, so when every rack is that
@@ -69,7 +74,7 @@ def static_plan(
             # {0,1},{2,3}: only 0-2 and 1-3 ever meet). Shift rack r's rotation by r more
             # each block of rounds, so every pairing occurs and the period mixes.
             period = _rotation(racks, length * max(sizes), shifted=True, block=length)
-    return _schedule(period, topology, message_bytes)
+    return _schedule(period, topology, message_bytes, notes=notes)
 
 
 def plan(topology: Topology, *, max_period: int = DEFAULT_MAX_PERIOD,
@@ -116,7 +121,7 @@ def paced(schedule: Schedule, topology: Topology, pace: int, *, message_bytes: i
     for partition in schedule.period:
         period.append(partition)
         period += [_rack_local(partition, topology)] * (pace - 1)
-    return _schedule(period, topology, message_bytes)
+    return _schedule(period, topology, message_bytes, notes=schedule.notes)
 
 
 def _rack_local(partition: Partition, topology: Topology) -> Partition:
@@ -141,6 +146,17 @@ def contended(topology: Topology) -> tuple[list[int], list[int]]:
             sorted(int(n["rank"]) for n in contention.get("nics", [])))
 
 
+def _schedule(period: Sequence[Partition], topology: Topology, message_bytes: int | None, *,
+              notes: Sequence[str] = ()) -> Schedule:
+    """The ``Schedule`` of ``period``, with ``predicted_comm_ms`` (the mean over the period of
+    the slowest group's lower bound) when the topology has bandwidth and a size is given."""
+    predicted = None
+    if message_bytes is not None and topology.bandwidth_gbps is not None:
+        predicted = float(np.mean([predict_round_ms(p, topology, message_bytes) for p in period]))
+    return Schedule(world_size=topology.world_size, period=tuple(period), predicted_comm_ms=predicted,
+                    notes=tuple(notes))
+
+
 def adjusted_plan(
     topology: Topology,
     *,
@@ -149,34 +165,43 @@ def adjusted_plan(
     max_period: int = DEFAULT_MAX_PERIOD,
     message_bytes: int | None = None,
 ) -> Schedule:
-    """``adjustGroups`` of the paper (section III-B.2 and B.3, Fig. 5 and 6).
+    """``adjustGroups`` of the paper (section III-B.2 and B.3, Fig. 5 and 6), for any number
+    of racks, rack sizes, slow uplinks and slow NICs.
 
-    Built on ``static_plan``'s rounds (one representative per rack, the rest of each rack an
+    Built on ``static_plan``'s rounds (representatives cross racks, the rest of each rack an
     intra-rack group), then:
 
-    * **Slow NIC of rank i** (Fig. 6): i is never its rack's representative; every round it
-      is in an intra-rack group of exactly two with a *regular* (uncontended) worker of its
-      rack, and that partner rotates. The rest of the rack's regular workers form the large
-      intra-rack group, from which both the partner and the representative are drawn in
-      turn, so the large group exchanges members with the pair and with the inter-rack
-      group. Several slow NICs in one rack each get a partner of their own. The paper does
-      this "if there are enough workers in the rack": a rack needs one regular worker more
-      than it has slow ones (one to represent it); slow workers beyond that, in rank order,
-      are planned as regular workers.
-    * **Slow uplink of rack r** (Fig. 5): r's representative is every round in an
-      inter-rack group of exactly two with the representative of a regular rack (one whose
-      uplink is clear), and that regular rack rotates; the other representatives form the
-      large inter-rack group. Several slow racks each get a regular partner, distinct
-      within a round; when slow racks outnumber regular ones, the slow racks take turns with
-      the regular partners and the rest pair up among themselves (any one left over sits
-      the round out across racks). With every uplink
-      slow there is nothing to keep apart and the inter-rack group stays whole.
+    * **Slow NIC of rank i** (Fig. 6): i is never in a group of more than two, and never
+      crosses racks while its rack has a worker with a clear NIC. Each round the rack's
+      *regular* (clear) workers take the cross-rack roles first, then partner the slow ones,
+      one each; the rest of them form the large intra-rack group. All of these rotate, so
+      the large group exchanges members with the pairs and the inter-rack groups. The paper
+      does this "if there are enough workers in the rack"; where there are not, the plan
+      still keeps every slow NIC in a group of at most two and says so in
+      ``Schedule.notes``: slow workers without a regular partner pair with each other (an
+      odd one sits the round out), and a rack with one clear worker is represented every
+      other round so that worker partners a slow one in between. A rack with no clear
+      worker is represented by its slow workers in turn, each time in a cross-rack *pair*
+      (as if its uplink were slow), the only way it can meet the other racks.
+    * **Slow uplink of rack r** (Fig. 5): r's representative is in a cross-rack group of
+      exactly two, with a worker of a *regular* rack (one whose uplink is clear), and that
+      rack rotates; so r puts one flow on its uplink per round. The regular racks keep
+      meeting each other directly: each keeps its representative in the large inter-rack
+      group, and a rack that partners a slow one sends a second worker for the pair (when
+      it has one to spare). Slow racks beyond the regular ones pair among themselves, and
+      with every uplink slow they all do (one left over sits the round out).
 
-    The period is the least common multiple of the rotation lengths (each rack's number of
-    regular workers, and the number of regular racks) up to ``max_period`` rounds, else the
-    longest of them; when that does not mix (rho = 1), the rotations are shifted against
-    each other block by block (see the code), and if nothing mixes the plan is refused
-    with a ``ScheduleError``.
+    **Representation.** Each rack's regular workers are a queue that advances by the number
+    that crossed in the round, so within one period the numbers of rounds any two regular
+    workers of a rack spend in cross-rack groups differ by at most one (a slow-NIC rack
+    with one clear worker: that worker, every other round). The period is the least common
+    multiple of the rotation lengths, repeated until every queue wraps exactly (then they
+    cross equally often), up to ``max_period`` rounds; beyond it (say racks of 7, 8, 9 and
+    11 ranks) it is the shortest multiple of the longest rotation that is at least
+    ``max_period`` rounds, and the bound of one holds. When a period does not mix (rho = 1,
+    rotations in lock step), its rotations are shifted against each other block by block
+    (see the code); the bound is then one per block, and ``Schedule.notes`` says how many
+    blocks. If nothing mixes the plan is refused with a ``ScheduleError``.
     """
     n = topology.world_size
     racks = topology.racks()
@@ -188,108 +213,210 @@ def adjusted_plan(
             raise ScheduleError(f"slow NIC of rank {rank}: the topology has ranks 0..{n - 1}")
     if len(racks) == 1 and not slow_nics:
         return static_plan(topology, max_period=max_period, message_bytes=message_bytes)
+    multi = len(racks) > 1
     slow_set = set(slow_nics)
-    paired: list[list[int]] = []  # per rack: slow workers that get a partner
-    regular: list[list[int]] = []  # per rack: workers that rotate (represent, partner, large group)
-    for rack in racks:
-        slow = [i for i in rack if i in slow_set]
-        reg = [i for i in rack if i not in slow_set]
-        keep = slow[: max(0, len(reg) - (1 if len(racks) > 1 else 0))]
-        paired.append(keep)
-        regular.append(sorted(reg + [i for i in slow if i not in keep]))
-    slow_racks = sorted(set(slow_uplinks))
-    regular_racks = [r for r in range(len(racks)) if r not in slow_racks]
-    cycles = [len(reg) for reg in regular]
-    if slow_racks and regular_racks:
-        cycles.append(max(len(slow_racks), len(regular_racks)))
-    length = math.lcm(*cycles)
-    if length > max(max_period, max(cycles)):
-        length = max(cycles)
-    period = _adjusted_rounds(racks, regular, paired, slow_racks, regular_racks, length)
+    members = [_RackMembers(regular=[i for i in rack if i not in slow_set], slow=[i for i in rack if i in slow_set])
+               for rack in racks]
+    slow_racks = sorted(set(slow_uplinks) | {r for r, m in enumerate(members) if multi and not m.regular})
+    notes = _adjusted_notes(members, sorted(set(slow_uplinks)), slow_racks, multi)
+    cycles = [c for m in members for c in (len(m.regular), len(m.slow) * (2 if m.alternate else 1)) if c]
+    regular_racks = len(racks) - len(slow_racks)
+    if multi and slow_racks:
+        cycles.append(max(len(slow_racks), regular_racks))
+    length, bounded = _period_length(cycles, max_period)
+    if bounded:
+        notes.append(f"racks of {[len(r) for r in racks]} workers: a bounded period of {length} rounds "
+                     f"(exact rotation needs {math.lcm(*cycles)}); crossing counts within a rack differ by at "
+                     "most one")
+    shape = (len(racks), slow_racks, multi)
+    period, heads = _adjusted_rounds(members, shape, length)
+    # Repeat the period until every rack's queue of clear workers has gone round a whole
+    # number of times: then each of them crosses racks equally often, also when the
+    # rotations are shifted block by block below.
+    turns = math.lcm(*(len(m.regular) // math.gcd(h, len(m.regular)) for m, h in zip(members, heads, strict=False)
+                       if m.regular))
+    if not bounded and length * turns <= max(max_period, length):
+        length *= turns
+        period, _ = _adjusted_rounds(members, shape, length)
     # Rotations of equal length run in lock step and can keep the same ranks apart forever
     # (racks of two, where the intra-rack group is one worker). Then each rotation is
     # shifted by its own offset every period-length block: first the static plan's
     # ``block * index``, then seeded pseudo-random offsets over more blocks; the same
     # seeds on every rank give every rank the same plan.
+    columns = 2 * len(racks) + 1
     blocks = max(cycles)
-    shift = np.arange(blocks)[:, None] * np.arange(len(racks) + 1)[None, :]
+    shift = np.arange(blocks)[:, None] * np.arange(columns)[None, :]
     for attempt in range(33):
         if _connected(period, n):
             break
         if attempt:
             blocks = max(cycles) * (1 + (attempt - 1) // 8)
-            shift = np.random.default_rng(attempt).integers(0, 2**20, size=(blocks, len(racks) + 1))
-        period = _adjusted_rounds(racks, regular, paired, slow_racks, regular_racks, length * blocks,
-                                  block=length, shift=shift)
+            shift = np.random.default_rng(attempt).integers(0, 2**20, size=(blocks, columns))
+        period, _ = _adjusted_rounds(members, shape, length * blocks, block=length, shift=shift)
+    if len(period) > length:
+        notes.append(f"rotations shifted in {len(period) // length} blocks of {length} rounds to mix; crossing "
+                     f"counts within a rack differ by at most one per block")
     if not _connected(period, n):
         raise ScheduleError(
-            f"no mixing plan keeps slow uplinks {slow_racks} and slow NICs {sorted(slow_set)} in "
-            f"groups of two for racks {[len(r) for r in racks]}; drop a contention entry"
+            f"no mixing plan keeps slow uplinks {sorted(set(slow_uplinks))} and slow NICs {sorted(slow_set)} "
+            f"in groups of two for racks {[len(r) for r in racks]}; drop a contention entry"
         )
-    return _schedule(period, topology, message_bytes)
+    return _schedule(period, topology, message_bytes, notes=notes)
 
 
-def _schedule(period: Sequence[Partition], topology: Topology, message_bytes: int | None) -> Schedule:
-    """The ``Schedule`` of ``period``, with ``predicted_comm_ms`` (the mean over the period of
-    the slowest group's lower bound) when the topology has bandwidth and a size is given."""
-    predicted = None
-    if message_bytes is not None and topology.bandwidth_gbps is not None:
-        predicted = float(np.mean([predict_round_ms(p, topology, message_bytes) for p in period]))
-    return Schedule(world_size=topology.world_size, period=tuple(period), predicted_comm_ms=predicted)
+@dataclass(frozen=True)
+class _RackMembers:
+    regular: list[int]  # clear NICs: they cross racks, partner slow ones, form the large group
+    slow: list[int]  # slow NICs: in a pair, or alone, every round
+
+    @property
+    def alternate(self) -> bool:
+        """One clear worker and slow ones: represented every other round, so that worker
+        partners a slow one in between (else the slow ones would only ever meet each other)."""
+        return len(self.regular) == 1 and bool(self.slow)
 
 
-def _adjusted_rounds(racks: list[list[int]], regular: list[list[int]], paired: list[list[int]],
-                     slow_racks: list[int], regular_racks: list[int], length: int,
-                     *, block: int = 1, shift: np.ndarray | None = None) -> list[Partition]:
-    """Round ``t`` rotates rack ``r`` by ``t + shift[t // block, r]`` and the slow-rack
-    pairing by ``t + shift[t // block, len(racks)]`` (no shift when ``shift`` is None)."""
+def _adjusted_notes(members: list[_RackMembers], slow_uplinks: list[int], paired: list[int],
+                    multi: bool) -> list[str]:
+    """Why the plan departs from Fig. 5 and 6 as the paper draws them, rack by rack."""
+    notes = []
+    for r, m in enumerate(members):
+        spare = len(m.regular) - (1 if multi else 0)
+        if not m.slow or spare >= len(m.slow):
+            continue
+        if multi and not m.regular:
+            notes.append(f"rack {r}: every NIC is slow ({m.slow}); its slow workers represent it in turn, "
+                         "each time in a cross-rack pair, and pair with each other inside it")
+        elif m.alternate and multi:
+            notes.append(f"rack {r}: one clear NIC ({m.regular[0]}) for slow NICs {m.slow}: the rack is "
+                         "represented every other round, its clear worker partners a slow one in between, "
+                         "and the other slow workers pair with each other or sit the round out")
+        else:
+            notes.append(f"rack {r}: {len(m.slow)} slow NICs ({m.slow}) and {max(spare, 0)} clear workers to "
+                         "partner them: slow workers without a clear partner pair with each other or sit the "
+                         "round out")
+    if multi and paired and len(paired) == len(members):
+        notes.append(f"every uplink is slow or belongs to a rack with no clear NIC (racks {paired}): racks "
+                     "meet only in pairs, one left over sits the round out")
+    return notes
+
+
+def _period_length(cycles: Sequence[int], max_period: int) -> tuple[int, bool]:
+    """``(rounds, bounded)``: the least common multiple of ``cycles`` when it is at most
+    ``max(max_period, longest)``; else the shortest multiple of the longest cycle that is at
+    least ``max_period``."""
+    longest = max(cycles)
+    exact = math.lcm(*cycles)
+    if exact <= max(max_period, longest):
+        return exact, False
+    return longest * math.ceil(max_period / longest), True
+
+
+def _adjusted_rounds(members: list[_RackMembers], shape: tuple[int, list[int], bool], length: int,
+                     *, block: int = 1, shift: np.ndarray | None = None) -> tuple[list[Partition], list[int]]:
+    """The rounds of ``adjusted_plan``. Rack ``r``'s regular workers are a queue advanced by
+    how many of them crossed racks in the round (by one when none did), its slow workers one
+    advanced by one a round (every other round for an alternating rack); the rack pairing
+    rotates by one a round. At each ``block`` boundary queue ``c`` jumps by ``shift[b, c]``
+    (columns: regular queues, slow queues, the pairing). Returns the rounds and where each
+    queue ended (the clear queues: how many crossings the rack made)."""
+    n_racks, slow_racks, multi = shape
+    head = [0] * (2 * n_racks + 1)
     period: list[Partition] = []
-    multi = len(racks) > 1
     for t in range(length):
+        if shift is not None and t % block == 0:
+            head = [h + int(s) for h, s in zip(head, shift[t // block], strict=True)]
+        present = [r for r, m in enumerate(members) if multi and not (m.alternate and t % 2)]
+        crossing: dict[int, list[int]] = {}  # rack -> how many workers it sends: 1, or 2 (rep and pair)
         groups: list[tuple[int, ...]] = []
-        reps: dict[int, int] = {}
-        for r, reg in enumerate(regular):
-            offset = t + (0 if shift is None else int(shift[t // block, r]))
-            order = [reg[(offset + k) % len(reg)] for k in range(len(reg))] if reg else []
-            if multi and order:
-                reps[r] = order.pop(0)
-            for slow in paired[r]:
-                groups.append((slow, order.pop(0)))
+        pairs: list[tuple[int, int]] = []  # (slow rack, partner rack), or (slow rack, slow rack)
+        big: list[int] = []  # racks in the large inter-rack group
+        if multi:
+            slow = [r for r in slow_racks if r in present]
+            clear = [r for r in present if r not in slow_racks]
+            s, q = len(slow), len(clear)
+            if s > q:
+                slow = [slow[(head[-1] + j) % s] for j in range(s)]
+                pairs = list(zip(slow, clear, strict=False))
+                pairs += [(slow[k], slow[k + 1]) for k in range(q, s - 1, 2)]
+            elif s:
+                partners = [clear[(head[-1] + j) % q] for j in range(q)]
+                pairs = list(zip(slow, partners, strict=False))
+            big = clear
+            for r in [x for pair in pairs for x in pair] + big:
+                crossing[r] = 1
+            for _, b in pairs:
+                if b in big and _can_spare(members[b]):
+                    crossing[b] = 2
+                elif b in big:
+                    big = [x for x in big if x != b]
+            if len(big) == 1:  # a large group of one rack crosses nothing: its representative stays home
+                crossing[big.pop()] -= 1
+        sent: dict[int, list[int]] = {}
+        for r, m in enumerate(members):
+            order = [m.regular[(head[r] + k) % len(m.regular)] for k in range(len(m.regular))]
+            # The queue moves on by as many as crossed, so crossing goes round the rack in turn;
+            # a rack that never crosses (one rack alone) still rotates its slow NICs' partners.
+            head[r] += crossing.get(r, 0) or (0 if multi else 1)
+            lone = [m.slow[(head[n_racks + r] + k) % len(m.slow)] for k in range(len(m.slow))]
+            if not m.alternate or t % 2:
+                head[n_racks + r] += 1
+            out = [order.pop(0) if order else lone.pop(0) for _ in range(crossing.get(r, 0))]
+            sent[r] = out
+            for w in list(lone):
+                if order:
+                    groups.append((w, order.pop(0)))
+                    lone.remove(w)
+            groups += [tuple(lone[k:k + 2]) for k in range(0, len(lone), 2)]
             if order:
-                groups.append(tuple(sorted(order)))
-        if slow_racks and regular_racks:
-            # The more numerous side rotates past the other: each slow rack meets every
-            # regular rack in turn (or, with more slow racks, each regular rack every slow one).
-            offset = t + (0 if shift is None else int(shift[t // block, len(racks)]))
-            s, q = len(slow_racks), len(regular_racks)
-            slow = [slow_racks[(offset + j) % s] for j in range(s)] if s > q else list(slow_racks)
-            partners = [regular_racks[(offset + j) % q] for j in range(q)] if s <= q else list(regular_racks)
-            for u, p in zip(slow, partners, strict=False):
-                groups.append((reps.pop(u), reps.pop(p)))
-            left = [reps.pop(u) for u in slow[q:]]
-            groups += [tuple(left[k:k + 2]) for k in range(0, len(left), 2)]
-        if reps:
-            groups.append(tuple(sorted(reps.values())))
+                groups.append(tuple(order))
+        for a, b in pairs:
+            groups.append((sent[a].pop(), sent[b].pop()))
+        if big:
+            groups.append(tuple(sent[r].pop() for r in big))
+        if multi:
+            head[-1] += 1
         period.append(tuple(tuple(sorted(g)) for g in groups))
-    return period
+    return period, head
+
+
+def _can_spare(m: _RackMembers) -> bool:
+    """Whether a regular rack can send a second worker for a slow rack's pair and still have
+    a clear worker for each slow NIC it pairs (at least one)."""
+    return len(m.regular) >= 2 + (1 if m.slow else 0)
 
 
 def check_adjusted(schedule: Schedule, topology: Topology, *, slow_uplinks: Sequence[int] = (),
                    slow_nics: Sequence[int] = ()) -> None:
-    """Raise ``ScheduleError`` unless every contended representative and every contended
-    NIC is in a group of exactly two in every round: a slow rack's members meet other racks
-    only in pairs, and a slow worker only in a pair inside its own rack."""
+    """Raise ``ScheduleError`` unless the plan keeps every contended link to one small flow.
+
+    In every round: a slow NIC is in a group of at most two, inside its rack unless every
+    NIC of its rack is slow; a rack with a slow uplink (or with no clear NIC) has at most one
+    member in groups that cross racks, and that group is a pair.
+    """
     slow_nic_set = set(slow_nics)
+    racks = topology.racks()
+    all_slow = {r for r, rack in enumerate(racks) if set(rack) <= slow_nic_set}
+    narrow = set(slow_uplinks) | (all_slow if len(racks) > 1 else set())
     for t, partition in enumerate(schedule.period):
+        flows = dict.fromkeys(narrow, 0)
         for group in partition:
-            crossing = len({topology.rack_of(r) for r in group}) > 1
+            in_racks = {topology.rack_of(r) for r in group}
+            crossing = len(in_racks) > 1
             for r in group:
-                if r in slow_nic_set and (len(group) > 2 or crossing):
+                rack = topology.rack_of(r)
+                if r in slow_nic_set and (len(group) > 2 or (crossing and rack not in all_slow)):
                     raise ScheduleError(f"round {t}: rank {r} has a slow NIC but is in {list(group)}; "
                                         "it must be in a pair inside its rack")
-                if crossing and topology.rack_of(r) in slow_uplinks and len(group) > 2:
-                    raise ScheduleError(f"round {t}: rack {topology.rack_of(r)}'s uplink is slow but its "
-                                        f"representative {r} is in {list(group)}, not a pair")
+                if crossing and rack in narrow:
+                    flows[rack] += 1
+                    if len(group) > 2:
+                        why = "uplink is slow" if rack in slow_uplinks else "NICs are all slow"
+                        raise ScheduleError(f"round {t}: rack {rack}'s {why} but its representative {r} is in "
+                                            f"{list(group)}, not a pair")
+        crowded = sorted(rack for rack, k in flows.items() if k > 1)
+        if crowded:
+            raise ScheduleError(f"round {t}: racks {crowded} put more than one flow on their slow uplinks")
 
 
 def check_paced(schedule: Schedule, topology: Topology, pace: int) -> Schedule:

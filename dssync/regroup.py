@@ -22,9 +22,9 @@ The rules are the prober's, applied to groups instead of pairs:
   slow by the same rule against the other racks. Under the static plan every cross-rack
   group holds every rack, so all racks score alike and no uplink can be singled out from
   timings alone: a slow uplink is then known only from the topology (``dssync probe``), and
-  is confirmed or cleared online once the adjusted plan pairs that rack apart and some
-  cross-rack group leaves it out (four racks or more; with three, the large inter-rack
-  group is a single representative, and the flag stays as the topology gave it).
+  is confirmed or cleared online once the adjusted plan pairs that rack apart: the other
+  racks' representatives then meet in a group without it (three racks or more; with two,
+  every cross-rack group holds both, and the flag stays as the topology gave it).
 
 **Pace** (``cross_rack_pace``, dssync's extension, see ``planner.paced``): when the
 cross-rack groups are the slowest groups of the window, by their median against every

@@ -102,6 +102,8 @@ class Schedule:
     world_size: int
     period: tuple[Partition, ...]
     predicted_comm_ms: float | None = None
+    #: Why the planner departed from the paper's figures, one sentence each (empty: it did not).
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         n = self.world_size
@@ -178,11 +180,15 @@ class Schedule:
             )
         world_size = data.get("world_size")
         predicted = data.get("predicted_comm_ms")
+        notes = data.get("notes", [])
+        if not isinstance(notes, list) or not all(isinstance(x, str) for x in notes):
+            raise ScheduleError(f'{source}: "notes" must be a list of sentences, got {notes!r}')
         try:
             schedule = cls(
                 world_size=world_size,
                 period=tuple(tuple(tuple(g) for g in p) for p in period),
                 predicted_comm_ms=None if predicted is None else float(predicted),
+                notes=tuple(notes),
             )
         except ScheduleError as exc:
             raise ScheduleError(f"{source}: {exc}") from None
@@ -203,6 +209,8 @@ class Schedule:
         }
         if self.predicted_comm_ms is not None:
             out["predicted_comm_ms"] = round(self.predicted_comm_ms, 3)
+        if self.notes:
+            out["notes"] = list(self.notes)
         return out
 
     @classmethod

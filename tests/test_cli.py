@@ -50,6 +50,18 @@ def test_plan_adjusts_for_the_contention_a_topology_records(tmp_path):
     assert all(len(next(g for g in p if 4 in g)) == 2 for p in schedule.period)
 
 
+def test_plan_from_rack_sizes_says_why_it_departs_from_the_paper(tmp_path):
+    out = tmp_path / "schedule.json"
+    proc = dssync("plan", "--rack-sizes", "4,4", "--slow-nics", "1,2,3", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "NICs [1, 2, 3]" in proc.stdout and "note: rack 0: one clear NIC (0)" in proc.stdout
+    saved = json.loads(out.read_text())
+    assert saved["notes"] == list(Schedule.load(out).notes) and len(saved["notes"]) == 1
+    assert_one_line_error(dssync("plan", "--out", out), "a topology file or --rack-sizes")
+    assert_one_line_error(dssync("plan", "--rack-sizes", "4,4", "--slow-uplinks", "2", "--out", out),
+                          "slow uplink of rack 2")
+
+
 @pytest.mark.parametrize(("content", "needle"), [
     ("{oops", "not valid JSON"),
     ('{"version": 1, "workers": [{"rank": 0, "rack": 0}, {"rank": 0, "rack": 0}]}', "duplicated ranks [0]"),

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
+from dssync.commands._common import parse_rack_sizes
 from dssync.planner import (
     DEFAULT_MAX_PERIOD,
     check_adjusted,
@@ -24,7 +26,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "schedule.json: the static plan (paper Fig. 4), or, when the topology records "
                        "slow uplinks or NICs, the adjusted plan that keeps them in groups of two "
                        "(Fig. 5, 6).")
-    p.add_argument("topology", metavar="TOPOLOGY", help="topology.json")
+    p.add_argument("topology", metavar="TOPOLOGY", nargs="?", help="topology.json (or --rack-sizes)")
+    p.add_argument("--rack-sizes", type=parse_rack_sizes, metavar="A,B,...",
+                   help="plan for consecutive ranks in racks of these sizes instead of a topology file")
+    p.add_argument("--slow-uplinks", type=_ints, default=[], metavar="R,...",
+                   help="also treat these racks' uplinks as slow (added to the topology's contention)")
+    p.add_argument("--slow-nics", type=_ints, default=[], metavar="I,...",
+                   help="also treat these ranks' NICs as slow (added to the topology's contention)")
     p.add_argument("--out", required=True, metavar="FILE", help="where to write schedule.json")
     p.add_argument("--print", action="store_true", dest="show", help="also print the period as a table")
     p.add_argument("--max-period", type=int, default=DEFAULT_MAX_PERIOD,
@@ -37,8 +45,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 0,2, got {text!r}") from None
+
+
 def run(args: argparse.Namespace) -> int:
-    topology = Topology.load(args.topology)
+    if (args.topology is None) == (args.rack_sizes is None):
+        raise ValueError("give a topology file or --rack-sizes, one of them")
+    topology = Topology.load(args.topology) if args.topology else Topology.from_rack_sizes(args.rack_sizes)
+    if args.slow_uplinks or args.slow_nics:
+        uplinks, nics = contended(topology)
+        topology = dataclasses.replace(topology, contention={
+            "uplinks": [{"rack": r} for r in sorted(set(uplinks) | set(args.slow_uplinks))],
+            "nics": [{"rank": i} for i in sorted(set(nics) | set(args.slow_nics))]})
     message_bytes = None if args.message_mb is None else int(args.message_mb * 1e6)
     schedule = plan(topology, max_period=args.max_period, message_bytes=message_bytes, pace=args.pace)
     base = check_paced(schedule, topology, args.pace)
@@ -53,7 +75,10 @@ def run(args: argparse.Namespace) -> int:
     kind = f"adjusted for slow uplinks {uplinks} and NICs {nics}" if uplinks or nics else "static"
     kind += f", paced by {args.pace}" if args.pace > 1 else ""
     print(f"wrote {args.out}: {topology.world_size} ranks, {topology.num_racks} racks, {kind}, "
-          f"period {len(schedule.period)}, rho {schedule.rho:.4f}")
+          f"period {len(schedule.period)}, rho {schedule.rho:.4f} "
+          f"({schedule.rho ** (1 / len(schedule.period)):.4f} a round)")
+    for note in schedule.notes:
+        print(f"note: {note}")
     return 0
 
 

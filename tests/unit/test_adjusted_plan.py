@@ -1,5 +1,7 @@
 """adjustGroups (paper Fig. 5 and 6): contended uplinks and NICs kept in groups of two."""
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,18 +12,14 @@ from dssync.topology import Topology
 
 
 @st.composite
-def contended_layouts(draw):
-    """Rack sizes, slow uplinks (at least one rack left clear) and slow NICs that fit."""
-    sizes = draw(st.lists(st.integers(min_value=1, max_value=7), min_size=2, max_size=6))
+def contended_layouts(draw, max_racks=6, max_size=8):
+    """2-6 racks of 1-8 workers, any set of slow uplinks (all of them included) and any set
+    of slow NICs (whole racks included)."""
+    sizes = draw(st.lists(st.integers(min_value=1, max_value=max_size), min_size=2, max_size=max_racks))
     racks = len(sizes)
-    slow_uplinks = draw(st.lists(st.integers(0, racks - 1), unique=True, max_size=racks - 1))
-    slow_nics, first = [], 0
-    for size in sizes:
-        # A rack can pair up to size - 2 slow workers: one regular represents it, one per pair.
-        k = draw(st.integers(0, max(0, (size - 1) // 2)))
-        slow_nics += draw(st.lists(st.integers(first, first + size - 1), unique=True,
-                                   min_size=k, max_size=k))
-        first += size
+    slow_uplinks = draw(st.lists(st.integers(0, racks - 1), unique=True, max_size=racks))
+    n = sum(sizes)
+    slow_nics = draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n))
     return sizes, sorted(slow_uplinks), sorted(slow_nics)
 
 
@@ -29,29 +27,85 @@ def partners_of(schedule, rank):
     return {next(r for r in g if r != rank) for p in schedule.period for g in p if rank in g and len(g) == 2}
 
 
-@settings(max_examples=300, deadline=None)
+def racks_of(topo, group):
+    return {topo.rack_of(r) for r in group}
+
+
+@settings(max_examples=400, deadline=None)
 @given(contended_layouts())
 def test_contended_links_are_in_pairs_every_round_and_the_plan_mixes(layout):
     sizes, slow_uplinks, slow_nics = layout
     topo = Topology.from_rack_sizes(sizes)
     schedule = adjusted_plan(topo, slow_uplinks=slow_uplinks, slow_nics=slow_nics)
     n = topo.world_size
+    racks = topo.racks()
+    all_slow = {k for k, rack in enumerate(racks) if set(rack) <= set(slow_nics)}
+    narrow = set(slow_uplinks) | all_slow
     for partition in schedule.period:
         assert sorted(r for g in partition for r in g) == list(range(n))
+        flows = dict.fromkeys(narrow, 0)
         for group in partition:
-            crossing = len({topo.rack_of(r) for r in group}) > 1
+            crossing = len(racks_of(topo, group)) > 1
             for r in group:
-                if r in slow_nics:  # a slow NIC: a pair inside its rack, every round
-                    assert len(group) == 2 and not crossing, (r, partition)
-                if crossing and topo.rack_of(r) in slow_uplinks:  # a slow uplink: only pairs cross it
+                if r in slow_nics:  # a slow NIC: never in a group of more than two...
+                    assert len(group) <= 2, (r, partition)
+                    # ...and inside its rack while the rack has a clear NIC
+                    assert not crossing or topo.rack_of(r) in all_slow, (r, partition)
+                if crossing and topo.rack_of(r) in narrow:  # only pairs cross a slow uplink
                     assert len(group) == 2, (r, partition)
-        # A slow rack whose representative crosses at all does so with a regular rack.
-        for group in partition:
-            racks_in = {topo.rack_of(r) for r in group}
-            if len(racks_in) == 2 and racks_in & set(slow_uplinks) and len(slow_uplinks) < len(sizes) / 2:
-                assert racks_in - set(slow_uplinks)
+                    flows[topo.rack_of(r)] += 1
+        assert all(k <= 1 for k in flows.values()), (flows, partition)  # one flow per slow uplink
     assert schedule.rho < 1
+    # Clear racks with workers to spare (two clear NICs, three with slow ones beside them) meet
+    # each other directly every round, whatever the slow racks do.
+    spare = [k for k, rack in enumerate(racks) if k not in narrow
+             and len(set(rack) - set(slow_nics)) >= 2 + bool(set(rack) & set(slow_nics))]
+    if len(spare) > 1:
+        for partition in schedule.period:
+            assert any(set(spare) <= racks_of(topo, g) for g in partition), (spare, partition)
+    # Every clear worker of a rack crosses racks as often as its rack-mates, within one round
+    # (one per block of a plan whose rotations had to be shifted to mix, as its notes say).
+    shifted = [int(m.group(1)) for note in schedule.notes if (m := re.match(r"rotations shifted in (\d+) blocks", note))]
+    bound = shifted[0] if shifted else 1
+    for k, rack in enumerate(racks):
+        clear = [r for r in rack if r not in slow_nics]
+        counts = [sum(len(racks_of(topo, g)) > 1 for p in schedule.period for g in p if r in g) for r in clear]
+        if counts:
+            assert max(counts) - min(counts) <= bound, (k, clear, counts)
+    if any(len(set(r) & set(slow_nics)) > len(set(r) - set(slow_nics)) - 1 for r in racks if set(r) & set(slow_nics)):
+        assert schedule.notes  # short of clear partners: the plan says what it did instead
     check_adjusted(schedule, topo, slow_uplinks=slow_uplinks, slow_nics=slow_nics)
+
+
+def test_three_racks_with_a_slow_uplink_keep_the_regular_racks_meeting():
+    topo = Topology.from_rack_sizes([4, 4, 4])
+    static = static_plan(topo)
+    assert static.rho ** (1 / len(static.period)) == pytest.approx(2 / 3)
+    for slow in range(3):
+        schedule = adjusted_plan(topo, slow_uplinks=[slow])
+        assert schedule.rho ** (1 / len(schedule.period)) <= 0.8
+        regular = set(range(3)) - {slow}
+        for partition in schedule.period:
+            crossing = [g for g in partition if len(racks_of(topo, g)) > 1]
+            assert sum(topo.rack_of(r) == slow for g in crossing for r in g) == 1  # one flow on the slow uplink
+            assert any(racks_of(topo, g) == regular for g in crossing)  # the regular racks meet directly
+        check_adjusted(schedule, topo, slow_uplinks=[slow])
+
+
+@pytest.mark.parametrize(("sizes", "slow_nics"), [([3, 3], [0, 1]), ([4, 4], [1, 2, 3]), ([2, 3], [0, 1]),
+                                                  ([5], [0, 1, 2, 3])])
+def test_more_slow_nics_than_clear_partners_still_stay_in_pairs(sizes, slow_nics):
+    topo = Topology.from_rack_sizes(sizes)
+    schedule = adjusted_plan(topo, slow_nics=slow_nics)
+    check_adjusted(schedule, topo, slow_nics=slow_nics)
+    assert schedule.notes and any("slow" in note for note in schedule.notes)
+    for r in slow_nics:
+        assert all(len(next(g for g in p if r in g)) <= 2 for p in schedule.period)
+        # every slow worker still meets a clear one of its rack within the period, when there is one
+        clear = [c for c in topo.racks()[topo.rack_of(r)] if c not in slow_nics]
+        if clear:
+            assert partners_of(schedule, r) & set(clear), (r, schedule.period)
+    assert schedule.rho < 1
 
 
 def test_fig5_slow_rack_pairs_with_a_rotating_regular_rack():
@@ -62,7 +116,7 @@ def test_fig5_slow_rack_pairs_with_a_rotating_regular_rack():
         small = [g for g in crossing if any(topo.rack_of(r) == 0 for r in g)]
         assert len(small) == 1 and len(small[0]) == 2
         large = [g for g in crossing if g is not small[0]]
-        assert len(large) == 1 and len(large[0]) == 2  # the other two regular representatives
+        assert len(large) == 1 and len(large[0]) == 3  # every regular rack's representative
     # The regular partner rotates through every regular rack, and every worker of rack 0 represents it.
     partner_racks = {topo.rack_of(r) for p in schedule.period for g in p
                      if len(g) == 2 and 0 in {topo.rack_of(x) for x in g} for r in g} - {0}

@@ -51,10 +51,22 @@ def test_fig4_two_racks_of_four():
 
 def test_unequal_racks_use_lcm_or_bounded_rotation():
     assert len(static_plan(Topology.from_rack_sizes([5, 3])).period) == 15
-    big = Topology.from_rack_sizes([7, 8, 9])  # lcm 504 > 64: bounded rotation of 9 rounds
+    big = Topology.from_rack_sizes([7, 8, 9])  # lcm 504 > 64: bounded rotation of 72 rounds (8 x 9)
     schedule = static_plan(big)
-    assert len(schedule.period) == 9
+    assert len(schedule.period) == 72 and "bounded period of 72 rounds" in schedule.notes[0]
     check_static(schedule, big)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=12), min_size=2, max_size=6))
+def test_every_worker_represents_its_rack_equally_often_within_one(sizes):
+    topo = Topology.from_rack_sizes(sizes)
+    schedule = static_plan(topo)
+    for rack in topo.racks():
+        counts = [sum(len({topo.rack_of(x) for x in g}) > 1 for p in schedule.period for g in p if r in g)
+                  for r in rack]
+        assert max(counts) - min(counts) <= (0 if len(schedule.period) % len(rack) == 0 else 1), (rack, counts)
+        assert min(counts) >= 1
 
 
 def test_racks_of_two_still_mix():

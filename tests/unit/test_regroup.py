@@ -78,11 +78,22 @@ def test_an_isolated_nic_is_judged_by_its_typical_pair_not_its_luckiest():
     assert sense_contention(lucky, racks, MB, current=([], [])) == ([], [])
 
 
-def test_an_uplink_the_window_cannot_judge_keeps_its_flag():
-    # Three racks, rack 1 paired apart: the large inter-rack group is one representative,
-    # so every cross-rack group holds rack 1 and there is nothing to compare it with.
+def test_three_racks_a_slow_uplink_paired_apart_is_confirmed_then_cleared():
+    # Three racks, rack 1 paired apart: the other two racks' representatives meet in a group
+    # without it, so the window can compare rack 1's cross-rack groups with theirs.
     topo = Topology.from_rack_sizes([3, 3, 3])
     racks = [topo.rack_of(r) for r in range(9)]
+    adjusted = adjusted_plan(topo, slow_uplinks=[1])
+    still = records_for(adjusted, 20, slow_racks={1}, racks=racks)
+    assert sense_contention(still, racks, MB, current=([1], [])) == ([1], [])
+    gone = records_for(adjusted, 20, racks=racks)
+    assert sense_contention(gone, racks, MB, current=([1], [])) == ([], [])
+
+
+def test_an_uplink_the_window_cannot_judge_keeps_its_flag():
+    # Two racks: every cross-rack group holds both, so there is nothing to compare rack 1 with.
+    topo = Topology.from_rack_sizes([3, 3])
+    racks = [topo.rack_of(r) for r in range(6)]
     gone = records_for(adjusted_plan(topo, slow_uplinks=[1]), 20, racks=racks)
     assert sense_contention(gone, racks, MB, current=([1], [])) == ([1], [])
 

@@ -83,3 +83,11 @@ def test_rho_without_the_dense_product_equals_the_dense_one(sizes):
     for schedule in (static_plan(topo), adjusted_plan(topo, slow_uplinks=[0], slow_nics=[1])):
         n = schedule.world_size
         assert _mixing_rho_sparse(schedule.period, n) == pytest.approx(mixing_rho(schedule.period, n), abs=1e-7)
+
+
+def test_notes_survive_the_file_and_malformed_ones_are_refused():
+    schedule = Schedule(world_size=2, period=(((0, 1),),), notes=("rack 0: a reason",))
+    assert Schedule.from_dict(schedule.to_dict()).notes == ("rack 0: a reason",)
+    assert "notes" not in Schedule(world_size=2, period=(((0, 1),),)).to_dict()
+    with pytest.raises(ScheduleError, match='"notes" must be a list of sentences'):
+        Schedule.from_dict({**schedule.to_dict(), "notes": "one string"})

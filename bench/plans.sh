@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The planner on layouts a user asks about: writes bench/results/plans/*.json (the schedules)
+# and bench/results/plans.txt (what `dssync plan` printed, with each command).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=bench/results/plans.txt
+: > "$out"
+while read -r name args; do
+    [[ -z "$name" || "$name" == \#* ]] && continue
+    echo "\$ dssync plan $args --out bench/results/plans/$name.json" >> "$out"
+    # shellcheck disable=SC2086
+    dssync plan $args --out "bench/results/plans/$name.json" >> "$out"
+    echo >> "$out"
+done <<'LAYOUTS'
+static-4-4-4           --rack-sizes 4,4,4
+uplink0-4-4-4          --rack-sizes 4,4,4 --slow-uplinks 0
+uplink1-4-4-4          --rack-sizes 4,4,4 --slow-uplinks 1
+uplink2-4-4-4          --rack-sizes 4,4,4 --slow-uplinks 2
+uplink0-3-3-3          --rack-sizes 3,3,3 --slow-uplinks 0
+nics01-3-3             --rack-sizes 3,3 --slow-nics 0,1
+nics123-4-4            --rack-sizes 4,4 --slow-nics 1,2,3
+static-7-8-9-11        --rack-sizes 7,8,9,11
+LAYOUTS
+cat "$out"
