@@ -13,20 +13,55 @@ stale ones, so the run reaches BSP's test accuracy at nearly ASP's speed.
   configuration policy (digest section 1.1.4).
 - **The switch happens in the process** (the paper checkpoints and restarts, 36-53 s):
   every worker stops and leaves the rounds, all meet (barrier), pull the old servers'
-  settled parameters, each rank hands its shard's momentum to its new shard (times ``k``
-  from BSP to ASP, divided by ``k`` back: the ASP shard scales by ``lr / k`` where the BSP
-  one scaled the mean by ``lr``, so the velocity in parameter units is unchanged), the old
-  servers close and the new ones open. ``stats()`` reports every switch and its seconds.
+  settled parameters, each rank hands its shard's momentum buffer, unchanged, to its new
+  shard, the old servers close and the new ones open. ``stats()`` reports every switch and
+  its seconds.
+
+**The learning rates are the paper's.** The paper takes the user's batch ``B`` and rate
+``eta`` for one worker and trains BSP on ``nB`` at ``n * eta``, ASP on ``B`` at ``eta``, with
+the same momentum ``mu`` (digest section 1.1.4; ``n`` is the ``k`` workers here). Here the loop's rate ``lr`` is the rate of
+one iteration of all ``k`` workers, as for every strategy of the toolkit (``allreduce``
+applies it to the mean gradient), so ``eta = lr / k``, and the two updates are the paper's:
+
+- BSP, once an iteration: ``v <- mu * v + mean_i(g_i)``, ``theta <- theta - lr * v``. The
+  mean of the ``k`` workers' gradients on their batches ``B`` is the gradient of their
+  ``kB`` samples, and ``lr = k * eta``: momentum SGD on ``kB`` at ``k * eta`` (TF's
+  ``SyncReplicasOptimizer`` averages the ``k`` gradients the same way before its
+  ``MomentumOptimizer`` applies them).
+- ASP, once a push: ``v <- mu * v + g_i``, ``theta <- theta - (lr / k) * v``: ``eta`` on ``B``.
+
+Only the number written differs: for the paper's ``eta``, pass ``lr = k * eta``.
+
+**The hand-off keeps each round's movement continuous.** Both servers keep the momentum
+buffer in gradient units, as torch's SGD and TF's ``MomentumOptimizer`` do (``v <- mu v + g``,
+``theta <- theta - rate * v``). Call a *round* one BSP iteration (one update) or ``k`` ASP
+updates (one per worker push). While the buffer holds ``v``, a BSP round moves ``lr * v`` and
+an ASP round ``k * (lr / k) * v = lr * v``: the same function of the buffer in both
+phases, so the buffer crosses a switch unchanged, in both directions. With every gradient a
+constant ``g`` the buffer settles at ``g / (1 - mu)`` in both phases (ASP's ``mu`` per push
+makes it settle in about ``1 / (1 - mu)`` pushes rather than rounds, not elsewhere), so every
+round moves ``lr * g / (1 - mu)`` on both sides. *Continuous* means that: with every gradient
+``g`` and the buffer settled, each of the first rounds after a switch, either way, moves as
+far as the last round before it (``tests/unit/test_sync_switch_handoff.py`` holds the real
+servers to 5 % and to torch's SGD). The earlier hand-off multiplied the buffer by ``k``
+going to ASP (so that one *update* moved as far as one BSP update) and divided it coming
+back: at ``mu = 0.9`` and ``k = 8`` the first ASP rounds moved 5.5, 2.9, 1.8 and 1.4 times
+the steady round, and the first BSP round after a switch back 0.2 times. Carrying the
+buffer unchanged is also what the paper's checkpoint and restart does: TF's checkpoint holds
+the momentum slots, and the restart changes the protocol, batch and rate [inference: the
+paper does not discuss the slots]. Where a phase has not settled (``g`` changing, or elastic's
+rounds of fewer workers, which apply ``lr`` times the sum over ``k``) the rounds after a
+switch move as the new phase's update moves from that buffer; nothing is rescaled.
 
 **Transient stragglers** (``policy``, digest section 1.1.3). Every ``window`` iterations of
 the BSP workload the workers exchange their own throughput, iterations per second of their
 own part of an iteration: from holding the new parameters to having sent the gradient (the
 waits for others, which BSP makes everyone share, left out; a throttled CPU and a slow NIC
-both show), and a
-worker below the mean minus one standard deviation (population, over the workers still
-training, itself included) for ``consecutive`` windows in a row is a straggler; it must
-also be ``min_gap`` below the median (a choice of ours: among equally fast workers the
-paper's rule alone flags noise):
+both show), and a worker below the mean minus one standard deviation (population, over the
+workers still training, itself included) for ``consecutive`` windows in a row is a
+straggler: the paper's rule. ``min_gap`` (0, off, by default) is ours, not the paper's: a
+straggler must also be that fraction below the median, because among equally fast workers
+the paper's rule alone flags noise; at 0.5 a worker less than 2x slow is never flagged.
 
 - ``greedy``: a straggler in BSP switches everyone to ASP; ``consecutive`` windows without
   one switch back to BSP while BSP work is left. Every switch costs a barrier and two
@@ -70,12 +105,14 @@ POLICIES = ("none", "greedy", "elastic")
 
 def below_mean_minus_std(throughput: Sequence[float | None], min_gap: float = 0.0) -> set[int]:
     """The workers whose throughput is below the mean minus one (population) standard
-    deviation of the workers that report one (``None``: not training), and also more than
-    ``min_gap`` below the median."""
+    deviation of the workers that report one (``None``: not training), the paper's rule;
+    with ``min_gap > 0`` (ours) also more than ``min_gap`` below the median."""
     known = [t for t in throughput if t is not None]
     if len(known) < 2:
         return set()
-    bar = min(statistics.fmean(known) - statistics.pstdev(known), (1 - min_gap) * statistics.median(known))
+    bar = statistics.fmean(known) - statistics.pstdev(known)
+    if min_gap > 0:
+        bar = min(bar, (1 - min_gap) * statistics.median(known))
     return {w for w, t in enumerate(throughput) if t is not None and t < bar}
 
 
@@ -96,10 +133,12 @@ class SyncSwitchStrategy(ASPStrategy):
         in a row without one that make the cluster straggler-free)."""
         max_removed: float = 0.5
         """Elastic: the largest fraction of the workers that may be out of BSP at once."""
-        min_gap: float = 0.5
-        """A straggler is also this fraction below the median throughput: with equally fast
-        workers the mean-minus-std rule alone flags one in about every six windows by noise
-        (8 workers on the 2-core machine vary by up to 40 % from window to window)."""
+        min_gap: float = 0.0
+        """Ours, not the paper's (0: off, the paper's rule alone): a straggler must also be this
+        fraction below the median throughput. With equally fast workers the mean-minus-std
+        rule alone flags one in about every six windows by noise (8 workers on the 2-core
+        machine vary by up to 40 % from window to window), which ``consecutive`` only thins;
+        0.5 (the default before) ignores every worker less than 2x slow."""
 
         def __post_init__(self) -> None:
             if not 0.0 <= self.switch_at <= 1.0:
@@ -229,7 +268,8 @@ class SyncSwitchStrategy(ASPStrategy):
         self.comm.barrier()  # every worker's last push has been applied and answered
         self.server.pull()  # the settled parameters, also for workers that were out of the rounds
         k = self.comm.world_size
-        momentum = self.server._shard.momentum_buf * (k if to == "asp" else 1 / k)
+        # Unchanged: a round moves lr times the buffer in both phases (module docstring).
+        momentum = self.server._shard.momentum_buf.copy()
         self.server.close()
         self.phase = to
         if to == "asp":

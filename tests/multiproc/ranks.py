@@ -270,16 +270,17 @@ def specsync_run(comm, steps: int, sleep_s: list[float], abort_time_s: float):
     return start, final, strategy.stats(), runs
 
 
-def sync_switch_policy_run(comm, steps: int, switch_at: float, policy: str):
+def sync_switch_policy_run(comm, steps: int, switch_at: float, policy: str, min_gap: float = 0.0):
     """``sync-switch`` with a straggler ``policy`` (windows of 2 iterations, one window makes a
-    straggler, no momentum, lr 0.1) on a 3 x 2 linear layer: the gradient is ``(r + 1)(t + 1)``
-    on rank r in BSP and ``t + 1`` in ASP. Every rank's forward/backward takes 10 ms, rank 3's
-    100 ms in its first 4 iterations. Returns the start, the handed-back parameters, the stats
-    and the iterations each rank computed."""
+    straggler, no momentum, lr 0.1, the detector's ``min_gap``) on a 3 x 2 linear layer: the
+    gradient is ``(r + 1)(t + 1)`` on rank r in BSP and ``t + 1`` in ASP. Every rank's
+    forward/backward takes 10 ms, rank 3's 100 ms in its first 4 iterations. Returns the
+    start, the handed-back parameters, the stats and the iterations each rank computed."""
     from dssync.strategies import SyncSwitchStrategy
 
     model = nn.Linear(3, 2)
-    config = SyncSwitchStrategy.Config(switch_at=switch_at, policy=policy, window=2, consecutive=1)
+    config = SyncSwitchStrategy.Config(switch_at=switch_at, policy=policy, window=2, consecutive=1,
+                                       min_gap=min_gap)
     strategy = SyncSwitchStrategy(StrategyContext(comm=comm, model=model, topology=Topology.from_rack_sizes(
         [comm.world_size]), steps=steps), config)
     optimizer = strategy.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
