@@ -20,7 +20,7 @@ from dssync.schedule import Partition, Schedule
 from dssync.topology import Topology
 
 __all__ = ["adjusted_plan", "check_adjusted", "check_paced", "check_static", "paced", "plan", "predict_round_ms",
-           "static_plan"]
+           "static_plan", "with_uplink_probes"]
 
 #: Longest period for which racks of unequal size rotate in their exact least common
 #: multiple; beyond it (say racks of 7, 8, 9 and 11 ranks: lcm 5544) the plan uses a
@@ -122,6 +122,52 @@ def paced(schedule: Schedule, topology: Topology, pace: int, *, message_bytes: i
         period.append(partition)
         period += [_rack_local(partition, topology)] * (pace - 1)
     return _schedule(period, topology, message_bytes, notes=schedule.notes)
+
+
+#: ``with_uplink_probes`` puts a probe round after at most this many rounds of the plan.
+PROBE_EVERY = 8
+
+
+def with_uplink_probes(schedule: Schedule, topology: Topology, *, message_bytes: int | None = None) -> Schedule:
+    """``schedule`` with *probe rounds*, so that timings alone can tell which rack's uplink is
+    slow (dssync's addition, for ``--adjust-every``).
+
+    In a plan where every cross-rack group holds every rack whose uplink is not flagged, a
+    slow uplink slows all of them alike and no rack can be singled out. A probe round pairs
+    one such rack (the *suspect*) apart as if its uplink were slow: the round of
+    ``adjusted_plan``, with the suspect added to the flagged racks, that pairs it with the
+    next rack after it. The racks take turns, one probe round after every ``PROBE_EVERY``
+    rounds of the plan (after every period when it is shorter). A slow rack's every
+    cross-rack group is then slow, while every other rack is, in some probe round, in a group
+    without it (its own pair with its neighbour, or the large group while the slow one is
+    paired apart). With fewer than three racks, or fewer than two unflagged ones, there is
+    nothing to tell apart and ``schedule`` comes back as it is."""
+    racks = topology.racks()
+    uplinks, nics = contended(topology)
+    suspects = [r for r in range(len(racks)) if r not in uplinks]
+    if len(racks) < 3 or len(suspects) < 2:
+        return schedule
+    probes = []
+    for i, r in enumerate(suspects):
+        after = {q: k for k, q in enumerate(suspects[i + 1:] + suspects[:i])}
+
+        def partner(partition: Partition, r: int = r, after: dict[int, int] = after) -> int:
+            pair = next((g for g in partition if len({topology.rack_of(x) for x in g}) > 1
+                         and any(topology.rack_of(x) == r for x in g)), ())
+            return min((after.get(topology.rack_of(x), len(after)) for x in pair if topology.rack_of(x) != r),
+                       default=len(after))
+
+        probes.append(min(adjusted_plan(topology, slow_uplinks=[*uplinks, r], slow_nics=nics).period, key=partner))
+    every = min(len(schedule.period), PROBE_EVERY)
+    base = math.lcm(len(schedule.period), every * len(probes))
+    period: list[Partition] = []
+    for t in range(base):
+        period.append(schedule.period[t % len(schedule.period)])
+        if (t + 1) % every == 0:
+            period.append(probes[(t // every) % len(probes)])
+    note = (f"a probe round after every {every} rounds pairs racks {suspects} apart in turn, so that a slow "
+            "uplink shows in the timings")
+    return _schedule(period, topology, message_bytes, notes=(*schedule.notes, note))
 
 
 def _rack_local(partition: Partition, topology: Topology) -> Partition:

@@ -173,6 +173,8 @@ SCENARIOS: dict[str, dict] = {
     "static": {"rack_sizes": [4, 4], "nic": "1gbit", "uplink": "1gbit", "flows": []},
     "inter-rack": {"rack_sizes": [4, 4], "nic": "1gbit", "uplink": "1gbit", "flows": [("rack", 0)]},
     "inter-rack+nic": {"rack_sizes": [5, 3], "nic": "1gbit", "uplink": "1gbit", "flows": [("rank", 4)]},
+    # Three racks, the first one's uplink shared with background flows: Fig. 5 beyond two racks.
+    "three-rack": {"rack_sizes": [3, 3, 3], "nic": "1gbit", "uplink": "1gbit", "flows": [("rack", 0)]},
 }
 
 

@@ -39,7 +39,7 @@ from torch.optim.swa_utils import AveragedModel
 
 from dssync.errors import DssyncError, ScheduleError
 from dssync.flat import flatten_parameters
-from dssync.planner import contended, plan
+from dssync.planner import contended, plan, with_uplink_probes
 from dssync.regroup import Record, cross_rack_pace, sense_contention
 from dssync.schedule import Schedule
 from dssync.strategy import StepsElsewhere, Strategy, StrategyContext, world_average
@@ -120,7 +120,7 @@ class DSSyncStrategy(Strategy):
 
     def __init__(self, ctx: StrategyContext, config: Config | None = None) -> None:
         super().__init__(ctx, config)
-        schedule = ctx.schedule or plan(ctx.topology)
+        schedule = ctx.schedule or self._plan(ctx.topology)
         if schedule.world_size != self.comm.world_size:
             raise ScheduleError(
                 f"the schedule is for {schedule.world_size} ranks but this job has "
@@ -295,7 +295,10 @@ class DSSyncStrategy(Strategy):
             self.regroup(step + 1)
 
     def _plan(self, topology: Topology, pace: int = 1) -> Schedule:
-        return plan(topology, pace=pace)
+        """The plan for ``topology``; when regrouping online, with probe rounds that let the
+        timings single out a slow uplink among three racks or more (``with_uplink_probes``)."""
+        schedule = plan(topology, pace=pace)
+        return with_uplink_probes(schedule, topology) if self.config.adjust_every else schedule
 
     def regroup(self, next_step: int) -> bool:
         """Sense contention and the pace from the window's group timings; switch plans at

@@ -1,6 +1,12 @@
 """Contention sensed from group timings (pure): synthetic records with known answers."""
 
-from dssync.planner import adjusted_plan, plan, static_plan
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dssync.planner import adjusted_plan, plan, static_plan, with_uplink_probes
 from dssync.regroup import cross_rack_pace, group_bandwidths, sense_contention
 from dssync.topology import Topology
 
@@ -21,8 +27,9 @@ def records_for(schedule, steps, *, slow_nics=(), slow_racks=(), racks, gbps=1.0
             if any(r in slow_nics for r in group) or (crossing and any(racks[r] in slow_racks for r in group)):
                 rate *= factor
             seconds = 2 * (n - 1) / n * MB * 8 / (rate * 1e9)
-            # Early arrivals wait longer; the last to arrive records the transfer alone.
-            out += [(step, group, seconds * (1 + 0.5 * (r % 3))) for r in group]
+            # Early arrivals wait longer; the last to arrive (one member, in turn) records the
+            # transfer alone.
+            out += [(step, group, seconds * (1 + 0.5 * ((k + step) % n))) for k, r in enumerate(group)]
     return out
 
 
@@ -88,6 +95,56 @@ def test_three_racks_a_slow_uplink_paired_apart_is_confirmed_then_cleared():
     assert sense_contention(still, racks, MB, current=([1], [])) == ([1], [])
     gone = records_for(adjusted, 20, racks=racks)
     assert sense_contention(gone, racks, MB, current=([1], [])) == ([], [])
+
+
+def flagged(topo, uplinks):
+    return dataclasses.replace(topo, contention={"uplinks": [{"rack": r} for r in uplinks], "nics": []})
+
+
+@pytest.mark.parametrize("sizes", [[3, 3, 3], [4, 4, 4], [2, 5, 3], [4, 4, 4, 4], [3, 1, 4, 2, 5], [2, 2, 2, 2, 2, 2]])
+def test_probe_rounds_find_a_slow_uplink_online_and_clear_it_when_it_goes(sizes):
+    topo = Topology.from_rack_sizes(sizes)
+    racks = [topo.rack_of(r) for r in range(topo.world_size)]
+    probed = with_uplink_probes(static_plan(topo), topo)
+    base = len(static_plan(topo).period)
+    static_rounds = sum(any(len({racks[x] for x in g}) == len(sizes) for g in p) for p in probed.period)
+    probe_rounds = len(probed.period) - static_rounds  # a probe round pairs one rack apart
+    assert probe_rounds >= len(sizes) and probed.notes  # every rack probed
+    assert static_rounds == probe_rounds * min(base, 8)  # one probe after every 8 rounds, or every period
+    assert sense_contention(records_for(probed, 3 * len(probed.period), racks=racks), racks, MB) == ([], [])
+    for slow in range(len(sizes)):
+        # Under the static plan alone the window cannot tell which rack it is...
+        assert sense_contention(records_for(static_plan(topo), 40, slow_racks={slow}, racks=racks),
+                                racks, MB) == ([], [])
+        # ...with a probe round a period it can: the slow rack is the one never in a fast group.
+        window = records_for(probed, len(probed.period), slow_racks={slow}, racks=racks)
+        assert sense_contention(window, racks, MB) == ([slow], [])
+        # Paired apart (and the other racks still probed), it stays flagged while slow and is cleared after.
+        adjusted = with_uplink_probes(plan(flagged(topo, [slow])), flagged(topo, [slow]))
+        still = records_for(adjusted, len(adjusted.period), slow_racks={slow}, racks=racks)
+        assert sense_contention(still, racks, MB, current=([slow], [])) == ([slow], [])
+        gone = records_for(adjusted, len(adjusted.period), racks=racks)
+        assert sense_contention(gone, racks, MB, current=([slow], [])) == ([], [])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(1, 8), min_size=3, max_size=6).flatmap(
+    lambda sizes: st.tuples(st.just(sizes), st.integers(0, len(sizes) - 1))))
+def test_probe_rounds_single_out_any_slow_rack_of_any_layout(layout):
+    sizes, slow = layout
+    topo = Topology.from_rack_sizes(sizes)
+    racks = [topo.rack_of(r) for r in range(topo.world_size)]
+    probed = with_uplink_probes(static_plan(topo), topo)
+    window = records_for(probed, len(probed.period), slow_racks={slow}, racks=racks)
+    assert sense_contention(window, racks, MB) == ([slow], [])
+    adjusted = with_uplink_probes(plan(flagged(topo, [slow])), flagged(topo, [slow]))
+    gone = records_for(adjusted, len(adjusted.period), racks=racks)
+    assert sense_contention(gone, racks, MB, current=([slow], [])) == ([], [])
+
+
+def test_two_racks_need_no_probe_rounds():
+    topo = Topology.from_rack_sizes([4, 4])
+    assert with_uplink_probes(static_plan(topo), topo).digest() == static_plan(topo).digest()
 
 
 def test_an_uplink_the_window_cannot_judge_keeps_its_flag():
