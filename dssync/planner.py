@@ -264,7 +264,7 @@ def adjusted_plan(
     members = [_RackMembers(regular=[i for i in rack if i not in slow_set], slow=[i for i in rack if i in slow_set])
                for rack in racks]
     slow_racks = sorted(set(slow_uplinks) | {r for r, m in enumerate(members) if multi and not m.regular})
-    notes = _adjusted_notes(members, sorted(set(slow_uplinks)), slow_racks, multi)
+    notes = _adjusted_notes(members, slow_racks, multi)
     cycles = [c for m in members for c in (len(m.regular), len(m.slow) * (2 if m.alternate else 1)) if c]
     regular_racks = len(racks) - len(slow_racks)
     if multi and slow_racks:
@@ -322,8 +322,7 @@ class _RackMembers:
         return len(self.regular) == 1 and bool(self.slow)
 
 
-def _adjusted_notes(members: list[_RackMembers], slow_uplinks: list[int], paired: list[int],
-                    multi: bool) -> list[str]:
+def _adjusted_notes(members: list[_RackMembers], paired: list[int], multi: bool) -> list[str]:
     """Why the plan departs from Fig. 5 and 6 as the paper draws them, rack by rack."""
     notes = []
     for r, m in enumerate(members):

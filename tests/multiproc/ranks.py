@@ -401,3 +401,38 @@ def handed_back_and_plain_average(comm, steps: int, eval_every: int, options: di
             mine = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
             out.append((step + 1, handed, comm.allgather_object(mine)))
     return out
+
+
+def constant_gradient_rounds(comm, bsp: int, asp: int, back: int, lr: float, mu: float, grad: float):
+    """Sync-switch on a 3 x 2 linear layer whose gradient is ``grad`` everywhere, always: ``bsp``
+    BSP rounds (the switch point), ``asp`` ASP rounds, a switch back to BSP (greedy's move,
+    called here directly) and ``back`` BSP rounds. After every round all workers meet, pull and
+    meet again, so that an ASP round is exactly the k pushes of one iteration (with one gradient
+    everywhere, their order does not matter). Returns the parameters after setup and after each
+    round, each round's phase, and the strategy's stats."""
+    from dssync.strategies import SyncSwitchStrategy
+
+    steps = bsp + asp + back
+    model = nn.Linear(3, 2)
+    strategy = SyncSwitchStrategy(StrategyContext(comm=comm, model=model, topology=Topology.from_rack_sizes(
+        [comm.world_size]), steps=steps), SyncSwitchStrategy.Config(switch_at=bsp / steps))
+    optimizer = strategy.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=mu))
+    strategy.setup()
+    positions = [torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()]
+    phases = []
+    for step in range(steps):
+        phases.append(strategy.phase)
+        for p in model.parameters():
+            p.grad = torch.full_like(p, grad)
+        strategy.before_step(step)
+        optimizer.step()
+        strategy.after_step(step)  # switches to ASP after the bsp-th round
+        if step + 1 == bsp + asp:
+            strategy.switch("bsp", step + 1, "the test's switch back")
+        comm.barrier()  # every push of the round is applied
+        strategy.server.pull()
+        comm.barrier()  # and no push of the next round is, until every worker has pulled
+        positions.append(torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone())
+    stats = strategy.stats()
+    strategy.close()
+    return positions, phases, stats

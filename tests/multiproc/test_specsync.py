@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 import torch
+from ranks import _Sleep
 from torch import nn
 
 from dssync.launch import run_ranks
@@ -38,18 +39,6 @@ def bowl_target(rank: int) -> torch.Tensor:
     """The minimum of rank ``rank``'s loss; the parent recomputes it for the oracle."""
     gen = torch.Generator().manual_seed(104_723 * (rank + 1))
     return 3.0 * torch.randn(NUMEL, generator=gen, dtype=torch.float32)
-
-
-class _Sleep(nn.Module):
-    """Slow, parameter-free work: a cancellation point before every slice of it."""
-
-    def __init__(self, seconds: float) -> None:
-        super().__init__()
-        self.seconds = seconds
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(self.seconds)
-        return x
 
 
 class _Bowl(nn.Module):

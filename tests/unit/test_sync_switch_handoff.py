@@ -9,12 +9,9 @@ first rounds after a switch, in either direction, as far as the rounds before it
 
 import pytest
 import torch
-from torch import nn
+from ranks import constant_gradient_rounds
 
 from dssync.collectives import FakeWorld
-from dssync.strategies import SyncSwitchStrategy
-from dssync.strategy import StrategyContext
-from dssync.topology import Topology
 
 LR, MU, GRAD = 0.1, 0.9, 1.0
 TOLERANCE = 0.05  # the issue's bound on the per-round movement across a switch
@@ -73,45 +70,12 @@ def test_the_oracle_and_the_criterion_catch_the_old_times_k_hand_off():
     assert kept[55:] == pytest.approx([steady] * len(kept[55:]), rel=0.01)
 
 
-def constant_gradient_rounds(comm, bsp: int, asp: int, back: int) -> tuple[list[torch.Tensor], list[str], dict]:
-    """Sync-switch with every gradient ``GRAD``: ``bsp`` BSP rounds (the switch point), ``asp``
-    ASP rounds, a switch back to BSP (greedy's move, called here directly) and ``back`` BSP
-    rounds. After every round all workers meet, pull and meet again, so that an ASP round is
-    exactly the k pushes of one iteration (with one gradient everywhere, their order does not
-    matter).
-    Returns the parameters after setup and after each round, each round's phase, the stats."""
-    steps = bsp + asp + back
-    model = nn.Linear(3, 2)
-    strategy = SyncSwitchStrategy(StrategyContext(comm=comm, model=model, topology=Topology.from_rack_sizes(
-        [comm.world_size]), steps=steps), SyncSwitchStrategy.Config(switch_at=bsp / steps))
-    optimizer = strategy.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=LR, momentum=MU))
-    strategy.setup()
-    positions = [torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()]
-    phases = []
-    for step in range(steps):
-        phases.append(strategy.phase)
-        for p in model.parameters():
-            p.grad = torch.full_like(p, GRAD)
-        strategy.before_step(step)
-        optimizer.step()
-        strategy.after_step(step)  # switches to ASP after the bsp-th round
-        if step + 1 == bsp + asp:
-            strategy.switch("bsp", step + 1, "the test's switch back")
-        comm.barrier()  # every push of the round is applied
-        strategy.server.pull()
-        comm.barrier()  # and no push of the next round is, until every worker has pulled
-        positions.append(torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone())
-    stats = strategy.stats()
-    strategy.close()
-    return positions, phases, stats
-
-
 def test_the_servers_move_each_round_as_far_before_and_after_a_switch_both_ways():
     """8 workers (threads, the real shards over localhost TCP), mu = 0.9: 50 BSP rounds, 10 ASP,
     back to BSP for 10. Each round's movement matches the oracle, and the first three rounds
     after each switch move within 5 % of the round before it."""
     k, bsp, asp, back = 8, 50, 10, 10
-    out = FakeWorld(k, timeout_s=60).run(lambda comm: constant_gradient_rounds(comm, bsp, asp, back))
+    out = FakeWorld(k, timeout_s=60).run(lambda comm: constant_gradient_rounds(comm, bsp, asp, back, LR, MU, GRAD))
     positions, phases, stats = out[0]
     assert phases == ["bsp"] * bsp + ["asp"] * asp + ["bsp"] * back
     assert [(s["to"], s["step"]) for s in stats["switches"]] == [("asp", bsp), ("bsp", bsp + asp)]
