@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import squareform
 
-__all__ = ["DEFAULT_SLOW_RATIO", "classify_contention", "infer_racks", "renumber_racks", "slow_keys"]
+__all__ = ["DEFAULT_SLOW_RATIO", "RackFit", "blind_ranks", "classify_contention", "fit_racks", "infer_racks",
+           "place_blind", "renumber_racks", "slow_keys"]
 
 DEFAULT_RACK_GAP = 0.5
 DEFAULT_SLOW_RATIO = 0.6
@@ -87,6 +89,93 @@ def renumber_racks(labels: Sequence[int]) -> list[int]:
     return [seen.setdefault(int(label), len(seen)) for label in labels]
 
 
+#: A flow below this fraction of what its two NICs allow was held back by a link between them
+#: (an uplink): a rack-mate's flow in a round of disjoint pairs only shares the two NICs.
+CROSS_RATIO = 0.5
+#: A boundary, or a worker's place, is confident when every worker it separates is at least
+#: this many times farther (on average) from the other rack than from its own.
+CONFIDENT_MARGIN = 1.25
+#: A rider flow during a rack's egress blast (``place_blind``) below this fraction of its rate
+#: in the other racks' blasts shared that rack's uplink.
+SHARED_RATIO = 0.6
+
+
+@dataclass
+class RackFit:
+    """What the measurements say about the racks, before and after the placement phase.
+
+    ``groups`` are the racks of the *clear* ranks (those with at least one direction whose
+    NIC is not itself the bottleneck), clustered on their paths. A *blind* rank's NIC is
+    slow both ways, so every flow of it is slow alike and its paths show nothing; it is not a
+    rack of its own and not a member of whichever rack looks closest: ``candidates`` lists the
+    groups its flows did not rule out (a flow well below what both NICs allow crossed an
+    uplink), and ``placed`` what the placement phase decided (``place_blind``). A blind rank
+    with no decision is ``unplaced`` and gets a rack of its own in ``racks()``: that never puts
+    a cross-rack flow where the plan thinks there is none.
+    """
+
+    n: int
+    groups: list[list[int]]
+    blind: list[int] = field(default_factory=list)
+    candidates: dict[int, list[int]] = field(default_factory=dict)  # blind rank -> group indices
+    placed: dict[int, int | None] = field(default_factory=dict)  # blind rank -> group index, None: alone
+    evidence: dict[int, str] = field(default_factory=dict)
+    margins: dict[int, float] = field(default_factory=dict)  # clear rank -> separation from the next group
+    metric: str = "none"
+
+    @property
+    def unplaced(self) -> list[int]:
+        return sorted(j for j in self.blind if j not in self.placed)
+
+    def racks(self) -> list[int]:
+        labels = [-1] * self.n
+        for g, members in enumerate(self.groups):
+            for i in members:
+                labels[i] = g
+        fresh = len(self.groups)
+        for j in self.blind:
+            where = self.placed.get(j)
+            if where is None:
+                labels[j] = fresh
+                fresh += 1
+            else:
+                labels[j] = where
+        return renumber_racks(labels)
+
+    def confidence(self) -> dict[str, Any]:
+        """The ``confidence`` record of topology.json (racks numbered as in ``racks()``)."""
+        racks = self.racks()
+        by_group = {g: racks[members[0]] for g, members in enumerate(self.groups) if members}
+        boundaries = []
+        for a in range(len(self.groups)):
+            for b in range(a + 1, len(self.groups)):
+                ranks = [i for i in self.groups[a] + self.groups[b] if i in self.margins]
+                sep = min((self.margins[i] for i in ranks), default=float("inf"))
+                boundaries.append({"racks": [by_group[a], by_group[b]],
+                                   "separation": round(sep, 3) if np.isfinite(sep) else None,
+                                   "confident": bool(sep >= CONFIDENT_MARGIN)})
+        unsure = sorted(i for i, m in self.margins.items() if m < CONFIDENT_MARGIN and len(self.groups) > 1)
+        return {
+            "metric": self.metric,
+            "threshold": CONFIDENT_MARGIN,
+            "boundaries": boundaries,
+            "placed": [{"rank": j, "rack": racks[j], "how": self.evidence.get(j, "")}
+                       for j in sorted(self.placed)],
+            "unplaced": self.unplaced,
+            "unsure": unsure,
+            "confident": not self.unplaced and not unsure,
+        }
+
+
+def blind_ranks(bandwidth_gbps: Any, slow_ratio: float = DEFAULT_SLOW_RATIO) -> list[int]:
+    """Ranks whose best flow is slow both ways (below ``slow_ratio`` of the median rank's)."""
+    bw = _square("bandwidth_gbps", bandwidth_gbps).copy()
+    np.fill_diagonal(bw, 0.0)
+    out_best, in_best = bw.max(axis=1), bw.max(axis=0)
+    return [i for i in range(len(bw)) if out_best[i] < slow_ratio * np.median(out_best)
+            and in_best[i] < slow_ratio * np.median(in_best)]
+
+
 def infer_racks(
     latency_us: Any,
     bandwidth_gbps: Any | None = None,
@@ -94,28 +183,50 @@ def infer_racks(
     *,
     gap: float = DEFAULT_RACK_GAP,
 ) -> list[int]:
-    """The rack of every rank, racks numbered ``0..R-1`` in order of their lowest rank.
+    """The rack of every rank, racks numbered ``0..R-1`` in order of their lowest rank
+    (``fit_racks(...).racks()``: a blind rank that the pairs alone cannot place is a rack of
+    its own)."""
+    return fit_racks(latency_us, bandwidth_gbps, hosts, gap=gap).racks()
+
+
+def fit_racks(
+    latency_us: Any,
+    bandwidth_gbps: Any | None = None,
+    hosts: Sequence[str] | None = None,
+    *,
+    gap: float = DEFAULT_RACK_GAP,
+    slow_ratio: float = DEFAULT_SLOW_RATIO,
+) -> RackFit:
+    """Racks from pairwise latency and bandwidth, with how sure each boundary is.
 
     Rule: for each metric, each pair gets a distance that says how many times worse than a
     typical rack-mate it is, ``latency / L0`` or ``c / C0``, where ``c`` is the pair's
     bandwidth cost, how many times slower its path is than its two NICs allow, in its worse
     direction (``_bandwidth_cost``: directions through a slow NIC are left out, so a NIC
     shared with another job, which slows all of a rank's flows alike, is no rack boundary),
-    and ``L0``, ``C0`` are the median over ranks of each
-    rank's smallest (nearest-neighbour) latency and cost. Each pair's distance is then raised
-    to how differently the two ranks see the others (``_with_profile``), so that one cross-rack
-    flow that had an uplink to itself cannot join two racks. Ranks are clustered by average
-    linkage (``scipy.cluster.hierarchy``) and two clusters are one rack while their average
-    distance is at most ``1 + gap`` (relative to the typical nearest-neighbour
-    cost; the default 0.5 splits racks whose cross traffic is 1.5x worse: two flows
-    sharing an uplink already halve it). A metric is used only when its own clustering
-    separates cleanly (the 10th percentile of distances between its clusters above the 90th percentile within them),
-    so a metric that is only noise is ignored; when both separate, bandwidth decides,
-    because under load latency measures queues (a saturated NIC or uplink adds
-    milliseconds to every round trip through it) more than racks. Latency decides when
-    bandwidth shows no structure (racks that differ only in distance). Average linkage keeps
-    one noisy pair from splitting a rack or merging two. A uniform matrix, loopback
-    included, gives one rack.
+    and ``L0``, ``C0`` are the median over ranks of each rank's smallest (nearest-neighbour)
+    latency and cost. Each pair's distance is then raised to how differently the two ranks
+    see the others (``_with_profile``), so that one cross-rack flow that had an uplink to
+    itself cannot join two racks. Ranks are clustered by average linkage
+    (``scipy.cluster.hierarchy``) and two clusters are one rack while their average distance
+    is at most ``1 + gap`` (relative to the typical nearest-neighbour cost; the default 0.5
+    splits racks whose cross traffic is 1.5x worse: two flows sharing an uplink already halve
+    it). A metric is used only when its own clustering separates cleanly (the 10th percentile
+    of distances between its clusters above the 90th percentile within them), so a metric
+    that is only noise is ignored; when both separate, bandwidth decides, because under load
+    latency measures queues (a saturated NIC or uplink adds milliseconds to every round trip
+    through it) more than racks. Latency decides when bandwidth shows no structure (racks that
+    differ only in distance). A uniform matrix, loopback included, gives one rack.
+
+    Bandwidth clusters only the clear ranks; a *blind* rank (slow NIC both ways,
+    ``blind_ranks``) is placed apart (``RackFit``): a group is ruled out when one of its flows
+    with a member ran below ``CROSS_RATIO`` of what both NICs allow, and a blind rank with one
+    group left, every other group ruled out, is placed there. Others wait for the probe's
+    placement phase (``place_blind``).
+
+    Each clear rank's *margin* is how many times farther (average distance) it is from the
+    nearest other rack than from its own (a rack of one: than a typical rack-mate, 1);
+    a boundary is as sure as the least sure rank it separates (``CONFIDENT_MARGIN``).
 
     ``hosts`` (hostname per rank) is a hint: ranks on the same host are one machine and so
     one rack; it merges clusters, it never splits them (a two-rank world, or a matrix with
@@ -128,21 +239,178 @@ def infer_racks(
     if hosts is not None and len(hosts) != n:
         raise ValueError(f"hosts names {len(hosts)} ranks but latency_us has {n}; give one host per rank")
     if n < 2:
-        return [0] * n
-    ratios = [_with_profile(_ratio_to_nearest(lat), np.ones_like(lat, dtype=bool), gap)]
-    if bandwidth_gbps is not None:
-        cost, known = _bandwidth_cost(_square("bandwidth_gbps", bandwidth_gbps, n))
-        ratios.append(_with_profile(_ratio_to_nearest(cost), known, gap))
+        return RackFit(n=n, groups=[list(range(n))] if n else [])
+    bw = None if bandwidth_gbps is None else _square("bandwidth_gbps", bandwidth_gbps, n)
+    blind = blind_ranks(bw, slow_ratio) if bw is not None and n > 2 else []
+    clear = [i for i in range(n) if i not in blind]
+    if len(clear) < 2:  # nothing clear to cluster on: bandwidth says nothing
+        blind, clear = [], list(range(n))
+    choices: list[tuple[str, list[int], np.ndarray | None]] = [
+        ("latency", list(range(n)), _with_profile(_ratio_to_nearest(lat), np.ones_like(lat, dtype=bool), gap))]
+    if bw is not None:
+        cost, known = _bandwidth_cost(bw, slow_ratio)
+        sub = np.ix_(clear, clear)
+        choices.append(("bandwidth", clear, _with_profile(_ratio_to_nearest(cost[sub]), known[sub], gap)))
     # A metric speaks only if its clusters are clearly apart: on a busy host, ping-pong
     # latency can be pure scheduling noise (hundreds of µs on some pairs), and taking the
     # worse of a noisy metric and a clean one would split racks at random.
-    informative = [r for r in ratios if r is not None and _separated(r, _cluster(r, gap))]
-    # Bandwidth first: under load, latency measures queues (a saturated NIC or uplink adds
-    # milliseconds to every round trip through it) more than it measures racks.
-    labels = _cluster(informative[-1], gap) if informative else [0] * n
+    informative = [c for c in choices if c[2] is not None and _separated(c[2], _cluster(c[2], gap))]
+    if informative:
+        metric, ranks, dist = informative[-1]  # bandwidth first
+        labels = _cluster(dist, gap)
+    else:
+        metric, ranks, dist, labels = "none", clear, None, [0] * len(clear)
+    if metric == "latency":
+        blind = []  # latency does not see NIC rates: every rank was clustered
+    groups_by_label: dict[int, list[int]] = {}
+    for rank, label in zip(ranks, labels, strict=True):
+        groups_by_label.setdefault(label, []).append(rank)
+    groups = list(groups_by_label.values())
     if hosts is not None:
-        labels = _merge_by_host(labels, hosts)
-    return renumber_racks(labels)
+        groups = _merge_groups_by_host(groups, hosts)
+    fit = RackFit(n=n, groups=sorted(groups, key=min), blind=blind, metric=metric)
+    if dist is not None and len(fit.groups) > 1:
+        fit.margins = _margins(dist, ranks, fit.groups)
+    if bw is not None and blind:
+        _rule_out(fit, bw, hosts)
+        lat_choice = choices[0]
+        if metric == "bandwidth" and lat_choice in informative:
+            _place_by_latency(fit, _cluster(lat_choice[2], gap))
+    return fit
+
+
+def _place_by_latency(fit: RackFit, lat_labels: list[int]) -> None:
+    """Where latency separates racks the same way bandwidth does on the clear ranks, it
+    places the blind ranks too (a slow NIC does not slow a small message)."""
+    label_of = {}
+    for g, members in enumerate(fit.groups):
+        labels = {lat_labels[i] for i in members}
+        if len(labels) != 1 or labels & set(label_of):
+            return  # latency disagrees with bandwidth: it does not speak for the blind ranks
+        label_of[labels.pop()] = g
+    for j in fit.blind:
+        if j not in fit.placed:
+            fit.placed[j] = label_of.get(lat_labels[j])
+            fit.evidence[j] = "latency" if fit.placed[j] is not None else "latency: apart from every rack"
+
+
+def _margins(dist: np.ndarray, ranks: list[int], groups: list[list[int]]) -> dict[int, float]:
+    where = {r: k for k, r in enumerate(ranks)}
+    out = {}
+    for g, members in enumerate(groups):
+        for i in members:
+            own = [dist[where[i], where[k]] for k in members if k != i and k in where]
+            near = float(np.mean(own)) if own else 1.0
+            far = min((float(np.mean([dist[where[i], where[k]] for k in other if k in where]))
+                       for h, other in enumerate(groups) if h != g and any(k in where for k in other)),
+                      default=float("inf"))
+            out[i] = far / max(near, 1e-9)
+    return out
+
+
+def _rule_out(fit: RackFit, bw: np.ndarray, hosts: Sequence[str] | None) -> None:
+    """Candidates of each blind rank; place those that the pairs leave one group for."""
+    off = bw.copy()
+    np.fill_diagonal(off, 0.0)
+    out_best, in_best = off.max(axis=1), off.max(axis=0)
+    for j in fit.blind:
+        left = []
+        for g, members in enumerate(fit.groups):
+            crossed = False
+            for k in members:
+                if hosts is not None and hosts[j] == hosts[k]:
+                    fit.placed[j] = g  # one host, one rack
+                    fit.evidence[j] = f"same host as rank {k}"
+                    break
+                for src, dst in ((j, k), (k, j)):
+                    allowed = min(out_best[src], in_best[dst])
+                    if allowed > 0 and off[src, dst] < CROSS_RATIO * allowed:
+                        crossed = True
+            if j in fit.placed:
+                break
+            if not crossed:
+                left.append(g)
+        if j in fit.placed:
+            continue
+        fit.candidates[j] = left
+        if len(left) == 1 and len(fit.groups) > 1:
+            fit.placed[j] = left[0]
+            fit.evidence[j] = "its flows to every other rack crossed an uplink"
+    # Blind ranks whose flows crossed an uplink to every clear rack sit in racks of blind ranks
+    # only: those whose flows to each other crossed nothing are one rack.
+    homeless = [j for j in fit.blind if j not in fit.placed and not fit.candidates.get(j) and len(fit.groups) > 0]
+
+    def crossed(a: int, b: int) -> bool:
+        return any(min(out_best[s], in_best[d]) > 0 and off[s, d] < CROSS_RATIO * min(out_best[s], in_best[d])
+                   for s, d in ((a, b), (b, a)))
+
+    while homeless:
+        j = homeless.pop(0)
+        mates = [k for k in homeless if not crossed(j, k)]
+        mates = [k for k in mates if all(not crossed(k, m) for m in mates if m != k)]
+        if not mates:
+            continue  # alone, as far as the pairs tell: the placement phase may still say so
+        fit.groups.append(sorted([j, *mates]))
+        for k in [j, *mates]:
+            fit.placed[k] = len(fit.groups) - 1
+            fit.evidence[k] = "its flows crossed an uplink to every rack but that of ranks " + ", ".join(
+                str(m) for m in [j, *mates] if m != k)
+            if k in homeless:
+                homeless.remove(k)
+
+
+def place_blind(fit: RackFit, rider_gbps: dict[int, dict[int, float]], shares: dict[int, float]) -> RackFit:
+    """Decide the blind ranks from the probe's egress blasts (``dssync.topology.probe``).
+
+    During the blast of group ``g``, its clear members send to the ranks outside it all at
+    once, and every blind rank sends one *rider* flow to a quiet rank outside ``g``:
+    ``rider_gbps[j][g]``. A rider that leaves through ``g``'s uplink shares it with the whole
+    blast, and gets about ``shares[g]`` (the blast's total over its flows plus one); a rider
+    that does not runs as fast as in the other blasts. So ``j`` belongs to the one candidate
+    group whose blast held its rider below ``SHARED_RATIO`` of its median in the other blasts.
+    No such group, while every candidate's blast could have shown it (its share below
+    ``SHARED_RATIO`` of the rider's usual rate), means a rack of its own, unless another blind
+    rank also came out alone (two such could share a rack that no blast tests). Anything else
+    stays unplaced.
+    """
+    alone = []
+    for j in fit.blind:
+        if j in fit.placed or not rider_gbps.get(j):
+            continue
+        rates = rider_gbps[j]
+        dropped, blunt = [], []
+        for g in fit.candidates.get(j, []):
+            if g not in rates:
+                blunt.append(g)
+                continue
+            others = [v for h, v in rates.items() if h != g]
+            usual = float(np.median(others)) if others else float(max(rates.values()))
+            if rates[g] < SHARED_RATIO * usual:
+                dropped.append((rates[g] / usual, g))
+            elif not shares.get(g, np.inf) < SHARED_RATIO * usual:
+                blunt.append(g)
+        if len(dropped) == 1:
+            fit.placed[j] = dropped[0][1]
+            fit.evidence[j] = f"its flow shared rack {dropped[0][1]}'s uplink ({dropped[0][0]:.2f} of its usual rate)"
+        elif not dropped and not blunt:
+            alone.append(j)
+    if len(alone) == 1:
+        fit.placed[alone[0]] = None
+        fit.evidence[alone[0]] = "no rack's uplink carried its flow"
+    return fit
+
+
+def _merge_groups_by_host(groups: list[list[int]], hosts: Sequence[str]) -> list[list[int]]:
+    labels = [0] * len(hosts)
+    ranks = [i for members in groups for i in members]
+    for g, members in enumerate(groups):
+        for i in members:
+            labels[i] = g
+    merged = _merge_by_host([labels[i] for i in ranks], [hosts[i] for i in ranks])
+    out: dict[int, list[int]] = {}
+    for i, label in zip(ranks, merged, strict=True):
+        out.setdefault(label, []).append(i)
+    return [sorted(m) for m in out.values()]
 
 
 def _with_profile(ratio: np.ndarray | None, known: np.ndarray, gap: float) -> np.ndarray | None:

@@ -42,6 +42,9 @@ class Topology:
     bandwidth_gbps: np.ndarray | None = None
     contention: Mapping[str, Any] = field(default_factory=dict)
     probe: Mapping[str, Any] | None = None
+    #: How well the probe's measurements separate each inferred rack boundary, and the workers
+    #: it could not place (``dssync.topology.infer``); absent from hand-written topologies.
+    confidence: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.workers)
@@ -154,6 +157,9 @@ class Topology:
         contention = data.get("contention") or {}
         if not isinstance(contention, dict):
             raise TopologyError(f'{source}: "contention" must be an object')
+        confidence = data.get("confidence")
+        if confidence is not None and not isinstance(confidence, dict):
+            raise TopologyError(f'{source}: "confidence" must be an object')
         try:
             return cls(
                 workers=tuple(workers),
@@ -161,6 +167,7 @@ class Topology:
                 bandwidth_gbps=_matrix(data.get("bandwidth_gbps"), "bandwidth_gbps", source),
                 contention=contention,
                 probe=data.get("probe"),
+                confidence=confidence,
             )
         except TopologyError as exc:
             raise TopologyError(f"{source}: {exc}") from None
@@ -179,6 +186,8 @@ class Topology:
             out["contention"] = dict(self.contention)
         if self.probe is not None:
             out["probe"] = dict(self.probe)
+        if self.confidence is not None:
+            out["confidence"] = dict(self.confidence)
         return out
 
     @classmethod

@@ -20,6 +20,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,14 +30,14 @@ import torch.distributed as dist
 
 from dssync.collectives.base import Communicator
 from dssync.errors import BackendUnavailableError, CommunicationError
-from dssync.topology.infer import classify_contention, infer_racks
+from dssync.topology.infer import RackFit, classify_contention, fit_racks, place_blind
 from dssync.topology.model import Topology, Worker
 
 __all__ = [
     "BACKENDS",
     "ProbeConfig",
     "ProbeResult",
-    "cross_rack_flows",
+    "blast_flows",
     "host_name",
     "interface_address",
     "probe_rank",
@@ -85,13 +86,14 @@ class ProbeResult:
     contention: dict[str, Any]
     rounds: int
     started_at: float  # time.time() when the process group was ready, for the wall time
+    confidence: dict[str, Any] | None = None
 
     def to_topology(self, probe: dict[str, Any]) -> Topology:
         """The ``topology.json`` contract of what was found, with ``probe`` as its probe record."""
         return Topology(workers=tuple(Worker(rank=r, host=h, rack=k)
                                       for r, (h, k) in enumerate(zip(self.hosts, self.racks, strict=True))),
                         latency_us=self.latency_us, bandwidth_gbps=self.bandwidth_gbps,
-                        contention=self.contention, probe=probe)
+                        contention=self.contention, probe=probe, confidence=self.confidence)
 
 
 def host_name() -> str:
@@ -123,19 +125,21 @@ def round_robin_rounds(num_ranks: int) -> list[list[tuple[int, int]]]:
     return rounds
 
 
-def cross_rack_flows(racks: list[int], rack: int) -> list[tuple[int, int]]:
-    """``(member of rack, rank elsewhere)`` flows for the concurrent phase of ``rack``.
+def blast_flows(racks: list[int], rack: int, riders: list[int] = (), sink: int | None = None) -> list[tuple[int, int]]:
+    """Flows of ``rack``'s egress blast: every member sends to every rank outside at once.
 
-    As many flows as the larger side has ranks, paired round-robin, so every member of the
-    rack and every rank outside it carries at least one flow and the rack's uplink sees
-    all of its members at once.
+    ``riders`` (ranks whose own NIC is too slow to show their paths) are neither senders nor
+    receivers of the blast; each sends one flow to ``sink``, a rank outside ``rack`` that
+    receives nothing else, so a rider's flow shares ``rack``'s uplink and nothing else of the
+    blast only when the rider sits in ``rack``.
     """
-    inside = [i for i, r in enumerate(racks) if r == rack]
-    outside = [i for i, r in enumerate(racks) if r != rack]
-    if not inside or not outside:
-        return []
-    return [(inside[k % len(inside)], outside[k % len(outside)])
-            for k in range(max(len(inside), len(outside)))]
+    skip = set(riders) | ({sink} if sink is not None else set())
+    inside = [i for i, r in enumerate(racks) if r == rack and i not in skip]
+    outside = [i for i, r in enumerate(racks) if r != rack and i not in skip]
+    flows = [(i, j) for i in inside for j in outside] if inside and outside else []
+    if flows and sink is not None:
+        flows += [(j, sink) for j in riders]
+    return flows
 
 
 class _Link:
@@ -161,6 +165,16 @@ class _Link:
         except RuntimeError as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise CommunicationError(f"rank {self.rank}: probe {what} with peer {peer} failed: {first}") from None
+
+    def start_send(self, tensor: torch.Tensor, peer: int, what: str) -> Any:
+        return self._start(dist.isend, tensor, peer, what)
+
+    def start_recv(self, tensor: torch.Tensor, peer: int, what: str) -> Any:
+        return self._start(dist.irecv, tensor, peer, what)
+
+    def finish(self, work: Any, peer: int, what: str) -> None:
+        """Collect a completed operation (raises ``CommunicationError`` if it failed)."""
+        self._wait([(work, peer)], what)
 
     def send(self, tensor: torch.Tensor, peers: list[int], what: str) -> None:
         self._wait([(self._start(dist.isend, tensor, p, what), p) for p in peers], what)
@@ -203,7 +217,8 @@ def _ping_pong(link: _Link, peer: int, lead: bool, cfg: ProbeConfig) -> float | 
     return min(rtts) / 2 * 1e6
 
 
-def _stream(link: _Link, peer: int, send: bool, cfg: ProbeConfig, payload: torch.Tensor) -> float | None:
+def _stream(link: _Link, peer: int, send: bool, cfg: ProbeConfig, payload: torch.Tensor,
+            what: str = "bandwidth") -> float | None:
     """Sender-side Gbit/s of a timed stream (``iperf3 -t`` style), ``None`` on the receiver.
 
     After one untimed warm-up message (TCP slow start, socket buffers), the sender sends
@@ -216,25 +231,25 @@ def _stream(link: _Link, peer: int, send: bool, cfg: ProbeConfig, payload: torch
     """
     ack = torch.zeros(1, dtype=torch.uint8)
     if not send:
-        link.recv([payload], [peer], "bandwidth warm-up")
+        link.recv([payload], [peer], f"{what} warm-up")
         while True:
-            link.recv([payload], [peer], "bandwidth recv")
+            link.recv([payload], [peer], f"{what} recv")
             if payload[0].item() == 0:
                 break
-        link.send(ack, [peer], "bandwidth ack")
+        link.send(ack, [peer], f"{what} ack")
         return None
     payload[0] = 1
-    link.send(payload, [peer], "bandwidth warm-up")
+    link.send(payload, [peer], f"{what} warm-up")
     t0 = time.perf_counter()
     sent = 0
     while True:
         last = time.perf_counter() - t0 >= cfg.bandwidth_seconds
         payload[0] = 0 if last else 1
-        link.send(payload, [peer], "bandwidth send")
+        link.send(payload, [peer], f"{what} send")
         sent += 1
         if last:
             break
-    link.recv([ack], [peer], "bandwidth ack")
+    link.recv([ack], [peer], f"{what} ack")
     return sent * payload.numel() * 8 / (time.perf_counter() - t0) / 1e9
 
 
@@ -339,53 +354,51 @@ def interface_address(ifname: str) -> str:
     )
 
 
-def _concurrent_phase(link: _Link, rank: int, flows: list[tuple[int, int]], outbound: bool,
-                      cfg: ProbeConfig, payload: torch.Tensor, what: str) -> float:
-    """Run every flow at once for ``cfg.bandwidth_seconds``; return the Gbit/s this rank sent.
+def _streams(link: _Link, rank: int, flows: list[tuple[int, int]], cfg: ProbeConfig,
+             message_bytes: int, what: str) -> dict[tuple[int, int], float]:
+    """Run every ``(src, dst)`` flow at once for ``cfg.bandwidth_seconds``, each at its own
+    pace; return ``{(rank, dst): Gbit/s}`` for the flows this rank sent.
 
-    The timed-stream protocol of ``_stream``, one stream per flow, all posted together: a
-    source sends one message to each of its sinks per step, a sink receives from each source
-    that has not yet sent its last message. Timed, not a fixed byte count, so a flow held
-    back by a slow NIC sends less instead of keeping the others' clock running.
+    The timed-stream protocol of ``_stream``, one thread per flow end, so flows are
+    independent: a flow held back by its path sends less without holding back this rank's
+    other flows (a NIC that is not the bottleneck shows as the sum of its flows). Each flow's
+    clock runs from its warm-up message to the sink's ack of its last message.
     """
-    src_dst = flows if outbound else [(b, a) for a, b in flows]
-    dsts = [d for s, d in src_dst if s == rank]
-    srcs = [s for s, d in src_dst if d == rank]
-    acks = [torch.zeros(1, dtype=torch.uint8) for _ in dsts]
-    if srcs:
-        sinks = {s: torch.empty_like(payload) for s in srcs}
-        live = list(srcs)
-        first = True
-        while live:
-            link.recv([sinks[s] for s in live], live, what)
-            if not first:  # the warm-up message carries no verdict
-                live = [s for s in live if sinks[s][0].item() != 0]
-            first = False
-        link.send(torch.zeros(1, dtype=torch.uint8), srcs, f"{what} ack")  # every source's last message has arrived
-    if not dsts:
-        return 0.0
-    payload[0] = 1
-    link.send(payload, dsts, f"{what} warm-up")
-    t0 = time.perf_counter()
-    sent = 0
-    while True:
-        last = time.perf_counter() - t0 >= cfg.bandwidth_seconds
-        payload[0] = 0 if last else 1
-        link.send(payload, dsts, what)
-        sent += len(dsts)
-        if last:
-            break
-    link.recv(acks, dsts, f"{what} ack")
-    return sent * payload.numel() * 8 / (time.perf_counter() - t0) / 1e9
+    dsts = [d for s, d in flows if s == rank]
+    srcs = [s for s, d in flows if d == rank]
+    if not dsts and not srcs:
+        return {}
+    timed = ProbeConfig(message_bytes=message_bytes, bandwidth_seconds=cfg.bandwidth_seconds,
+                        timeout_s=cfg.timeout_s)
+    with ThreadPoolExecutor(max_workers=len(dsts) + len(srcs)) as pool:
+        sends = {d: pool.submit(_stream, link, d, True, timed, torch.zeros(message_bytes, dtype=torch.uint8),
+                                what) for d in dsts}
+        recvs = [pool.submit(_stream, link, s, False, timed, torch.zeros(message_bytes, dtype=torch.uint8),
+                             what) for s in srcs]
+        for job in recvs:
+            job.result()
+        return {(rank, d): float(job.result()) for d, job in sends.items()}
 
 
-def _uplink_aggregate(comm: Communicator, link: _Link, racks: list[int], rack: int, outbound: bool,
-                      cfg: ProbeConfig, payload: torch.Tensor) -> dict[str, Any]:
-    flows = cross_rack_flows(racks, rack)
+def _phase(comm: Communicator, link: _Link, flows: list[tuple[int, int]], cfg: ProbeConfig,
+           what: str) -> dict[tuple[int, int], float]:
+    """``_streams`` on every rank after a barrier; every flow's Gbit/s, on every rank."""
     comm.barrier()
-    direction = "egress" if outbound else "ingress"
-    mine = _concurrent_phase(link, comm.rank, flows, outbound, cfg, payload, f"rack {rack} {direction}")
-    return {"gbps": float(sum(comm.allgather_object(mine))), "flows": len(flows)}
+    mine = _streams(link, comm.rank, flows, cfg, cfg.message_bytes, what)
+    return {k: v for part in comm.allgather_object(mine) for k, v in part.items()}
+
+
+def _sink(racks: list[int], rack: int, riders: list[int], bw: np.ndarray) -> int | None:
+    """The quiet rank outside ``rack`` that riders send to: in the rack whose members take
+    in traffic from other racks fastest (a slow uplink there would hold every rider back)."""
+    outside = [i for i, r in enumerate(racks) if r != rack and i not in riders]
+    if len(outside) < 2:  # the blast needs a receiver besides the sink
+        return None
+    def ingress(i: int) -> float:
+        mates = [k for k, r in enumerate(racks) if r == racks[i] and k not in riders]
+        flows = [bw[k, m] for m in mates for k in range(len(racks)) if racks[k] != racks[i] and bw[k, m] > 0]
+        return float(np.median(flows)) if flows else 0.0
+    return max(outside, key=lambda i: (ingress(i), bw[:, i].max(), -i))
 
 
 def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
@@ -441,24 +454,45 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
             latency_us[src, dst] = value
         for (src, dst), value in bw_part.items():
             bandwidth_gbps[src, dst] = value
-    racks = list(racks) if racks is not None else infer_racks(latency_us, bandwidth_gbps, hosts)
-
-    phases = []
-    if len(set(racks)) > 1:
-        # Two passes over the racks, each rack's best kept: a burst of CPU work on a busy
-        # host only ever makes a link look slower, while a contended uplink is slow in both
-        # passes. With one pass, an uncontended rack of the 3,2,4 layout once measured
-        # 0.28 Gbit/s against the contended rack's 0.33 and was flagged with it.
-        for _ in range(2):
-            for rack in range(max(racks) + 1):
-                egress = _uplink_aggregate(comm, link, racks, rack, True, cfg, payload)
-                ingress = _uplink_aggregate(comm, link, racks, rack, False, cfg, payload)
-                if len(phases) <= rack:
-                    phases.append({"rack": rack, "egress_gbps": 0.0, "ingress_gbps": 0.0, "flows": egress["flows"]})
-                phases[rack]["egress_gbps"] = max(phases[rack]["egress_gbps"], round(egress["gbps"], 4))
-                phases[rack]["ingress_gbps"] = max(phases[rack]["ingress_gbps"], round(ingress["gbps"], 4))
-    contention: dict[str, Any] = dict(classify_contention(
-        bandwidth_gbps, racks, [p["egress_gbps"] for p in phases] if phases else None, hosts=hosts))
+    phase_seconds = {"pairs": round(time.time() - started_at, 3)}
+    known = racks is not None
+    fit = (RackFit(n=n, groups=[[i for i in range(n) if racks[i] == r] for r in sorted(set(racks))])
+           if known else fit_racks(latency_us, bandwidth_gbps, hosts))
+    provisional = fit.racks()
+    # Egress blasts, one per rack: its uplink with all of its members sending across at once
+    # (the paper's contended uplink only shows when a whole rack talks), and, for every rank
+    # the pairs could not place, a rider flow that shares the uplink only of its own rack.
+    riders = [] if known else [j for j in fit.unplaced if fit.candidates.get(j)]
+    phases: list[dict[str, Any]] = []
+    rider_gbps: dict[int, dict[int, float]] = {j: {} for j in riders}
+    shares: dict[int, float] = {}
+    if len(set(provisional)) > 1:
+        for g, members in enumerate(fit.groups):
+            rack = provisional[members[0]]
+            sink = _sink(provisional, rack, riders, bandwidth_gbps) if riders else None
+            flows = blast_flows(provisional, rack, riders if sink is not None else [], sink)
+            rates = _phase(comm, link, flows, cfg, f"rack {rack} egress") if flows else {}
+            blast = [v for (src, dst), v in rates.items() if src not in riders]
+            phases.append({"rack": rack, "egress_gbps": round(float(sum(blast)), 4), "flows": len(blast)})
+            shares[g] = float(sum(blast)) / (len(blast) + 1) if blast else float("inf")
+            for j in riders:
+                if (j, sink) in rates:
+                    rider_gbps[j][g] = rates[j, sink]
+        # racks of blind ranks alone get no blast of their own: nothing clear to send
+        place_blind(fit, rider_gbps, shares)
+        racks = fit.racks()
+    else:
+        racks = provisional
+    phase_seconds["blasts"] = round(time.time() - started_at - phase_seconds["pairs"], 3)
+    # Each final rack's aggregate is its clear group's blast (a rack of unplaced ranks alone had none).
+    by_group = {racks[fit.groups[g][0]]: p["egress_gbps"] for g, p in enumerate(phases)}
+    aggregates = [by_group.get(r, 0.0) for r in range(max(racks) + 1)] if phases else None
+    for p in phases:
+        p["rack"] = racks[fit.groups[phases.index(p)][0]]
+    contention: dict[str, Any] = dict(classify_contention(bandwidth_gbps, racks, aggregates, hosts=hosts))
     contention["uplink_aggregates"] = phases
+    confidence = fit.confidence() if not known else {"metric": "given", "confident": True, "unplaced": []}
+    confidence["riders_gbps"] = {str(j): {str(g): round(v, 4) for g, v in r.items()} for j, r in rider_gbps.items()}
+    confidence["phase_seconds"] = phase_seconds
     return ProbeResult(hosts=hosts, latency_us=latency_us, bandwidth_gbps=bandwidth_gbps, racks=racks,
-                       contention=contention, rounds=len(rounds), started_at=started_at)
+                       contention=contention, rounds=len(rounds), started_at=started_at, confidence=confidence)

@@ -12,7 +12,7 @@ from dssync.train import LR_SCHEDULES
 #: The comparison of DESIGN section 7: what users run today and every rival, beside ds-sync.
 COMPARE_STRATEGIES = "ddp,allreduce,hierarchical,torch-hier,diloco,local-sgd,gossip,asp,ds-sync"
 
-__all__ = ["COMPARE_STRATEGIES", "add_parser", "run_ensemble", "run_allreduce", "run_compare", "run_averaging", "run_simcheck", "run_overlap", "run_probe_backends"]
+__all__ = ["COMPARE_STRATEGIES", "add_parser", "run_ensemble", "run_allreduce", "run_compare", "run_averaging", "run_simcheck", "run_overlap", "run_probe_backends", "run_probe_layouts"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -146,6 +146,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="measure in the normal concurrent rounds instead of one pair at a time")
     b.add_argument("--json", metavar="OUT")
     b.set_defaults(run=run_probe_backends)
+
+    g = bsub.add_parser("probe-layouts", help="the prober on seeded random emulated networks (needs root)",
+                        description="Draw COUNT random layouts (2-4 racks of 1-5 workers, slower uplinks and "
+                        "NICs, background flows across uplinks and through NICs) from SEED, build each one, "
+                        "run `dssync probe` on it and score the racks and the flags against what was built.")
+    g.add_argument("--count", type=int, default=20, help="layouts to probe (default %(default)s)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the layout generator (default %(default)s)")
+    g.add_argument("--max-workers", type=int, default=9, help="largest world drawn (default %(default)s)")
+    g.add_argument("--probe-args", default="", metavar="ARGS",
+                   help="extra `dssync probe` options, one string (e.g. '--bandwidth-seconds 0.5')")
+    g.add_argument("--json", metavar="OUT", help="write every row, the summary and the raw topologies")
+    g.set_defaults(run=run_probe_layouts)
 
     o = bsub.add_parser("overlap", help="ds-sync overlapped vs after-step, side by side (needs root)",
                         description="Build an emulated network and train the same task with ds-sync "
@@ -495,4 +507,41 @@ def run_overlap(args: argparse.Namespace) -> int:
                     f"accuracy difference {record['accuracy_diff_pp']:+.2f} pp")
     if args.json:
         write_json(args.json, record)
+    return 0
+
+
+def run_probe_layouts(args: argparse.Namespace) -> int:
+    import shlex
+
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from dssync.bench.probe_layouts import generate, run_layouts
+
+    layouts = generate(args.count, args.seed, max_workers=args.max_workers)
+    console = Console()
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("probing layouts", total=len(layouts))
+        result = run_layouts(layouts, probe_args=shlex.split(args.probe_args),
+                             report=lambda row: progress.advance(task))
+    table = Table(title=f"dssync probe on {len(layouts)} random layouts (seed {args.seed})")
+    for col in ("#", "layout", "racks", "uplinks found/true", "NICs found/true", "unplaced", "probe s"):
+        table.add_column(col, justify="right" if col in ("#", "probe s") else "left")
+    for k, row in enumerate(result["rows"]):
+        racks = "exact" if row["racks_exact"] else (
+            f"WRONG {row['racks_found']}" + (" (confident)" if row["wrong_with_confidence"] else " (unsure)"))
+        table.add_row(str(k), row["layout"], racks, f"{row['uplinks_found']}/{row['uplinks_true']}",
+                      f"{row['nics_found']}/{row['nics_true']}", str(row["unplaced"] or "-"),
+                      f"{row['probe_seconds']:.1f}")
+    console.print(table)
+    s = result["summary"]
+    console.print(f"racks exact {s['racks_exact']}/{s['layouts']}, flags exact {s['flags_exact']}/{s['layouts']}, "
+                  f"wrong racks reported with confidence {s['wrong_with_confidence']}, flag precision "
+                  f"{s['flag_precision']:.3f} recall {s['flag_recall']:.3f}, probe time median "
+                  f"{s['probe_seconds_median']:.1f} s max {s['probe_seconds_max']:.1f} s")
+    if args.json:
+        write_json(args.json, {"command": "dssync bench probe-layouts " + " ".join(
+            f"--{k} {v}" for k, v in (("count", args.count), ("seed", args.seed), ("max-workers", args.max_workers))),
+            "probe_args": args.probe_args, **result})
     return 0

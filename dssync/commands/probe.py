@@ -11,7 +11,7 @@ from dssync.launch import from_environ, run_ranks
 from dssync.topology import Topology
 from dssync.topology.probe import BACKENDS, ProbeConfig, probe_rank
 
-__all__ = ["add_parser", "plot_topology", "run"]
+__all__ = ["add_parser", "confidence_lines", "plot_topology", "run"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -87,7 +87,29 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}: {topology.world_size} ranks, {topology.num_racks} racks "
           f"{[len(r) for r in topology.racks()]}, slow uplinks {uplinks or 'none'}, "
           f"slow NICs {nics or 'none'}, {seconds:.1f} s")
+    for line in confidence_lines(result.confidence or {}):
+        print(line)
     return 0
+
+
+def confidence_lines(confidence: dict) -> list[str]:
+    """What the probe is unsure of, and what to do about it (nothing when it is sure)."""
+    lines = []
+    for b in confidence.get("boundaries", []):
+        if not b["confident"]:
+            lines.append(f"racks {b['racks'][0]} and {b['racks'][1]} are told apart with separation "
+                         f"{b['separation']} (below {confidence.get('threshold')})")
+    unsure = confidence.get("unsure", [])
+    unplaced = confidence.get("unplaced", [])
+    if unplaced:
+        lines.append(f"could not place workers {unplaced}: every flow of theirs is held back by their own NIC "
+                     "and no measurement showed which uplink they share; each is written as a rack of its own")
+    if unsure:
+        lines.append(f"workers {unsure} sit almost as close to another rack as to their own")
+    if lines:
+        lines.append("to settle it: give the racks (--rack-sizes, or hostnames that name the rack through "
+                     "DSSYNC_HOST), or measure longer (--bandwidth-seconds 1)")
+    return [f"warning: {line}" for line in lines]
 
 
 def plot_topology(topology: Topology, path: str) -> None:

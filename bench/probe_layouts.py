@@ -1,0 +1,191 @@
+"""``dssync bench probe-layouts``: the prober on seeded random emulated networks.
+
+``generate(count, seed)`` draws layouts of 2-4 racks of 1-5 workers (at most 9) and, on
+each, a random mix of the contention kinds ``dssync emulate contend`` makes: a slower uplink
+(a rate), a slower NIC (a rate), background flows across a rack's uplink (``rack:I``, 8 TCP
+streams) and through a worker's NIC (``nic:I``, 2 streams). ``score`` compares what a probe
+reported with what was built: racks exact (up to renumbering, which topology.json fixes by
+lowest rank anyway), the flagged uplinks and NICs against the contended ones (precision and
+recall), and whether a wrong answer was given with high confidence.
+
+Only layouts whose answer a throughput probe can tell are drawn, and the rules say why:
+- a rate-limited uplink needs three racks or more: with two, one slow inter-rack link slows
+  both racks' traffic alike both ways, and which end is "the" slow uplink is not a fact of
+  the network (a background flow, one way only, is drawn there instead);
+- uplink contention needs a rack of two or more: a rack of one's uplink and NIC carry the
+  same flows, so a slow one is indistinguishable from the other (it is drawn as a NIC);
+- a rack whose uplink is contended keeps at least one worker with a clear NIC, and at least
+  three workers of the world keep clear NICs (a NIC is slow against the others' median).
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Layout", "generate", "probe_layout", "run_layouts", "score", "summarize"]
+
+SLOW_RATES_MBIT = (150, 200, 250, 300, 400)  # against 1 Gbit/s NICs and uplinks
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One emulated network and the contention put on it."""
+
+    rack_sizes: tuple[int, ...]
+    slow_uplinks: dict[int, str] = field(default_factory=dict)  # rack -> rate
+    slow_nics: dict[int, str] = field(default_factory=dict)  # rank -> rate
+    uplink_flows: tuple[int, ...] = ()  # racks with background flows leaving through their uplink
+    nic_flows: tuple[int, ...] = ()  # ranks with a background flow through their NIC
+
+    @property
+    def racks(self) -> list[int]:
+        return [rack for rack, size in enumerate(self.rack_sizes) for _ in range(size)]
+
+    @property
+    def contended_uplinks(self) -> list[int]:
+        return sorted({*self.slow_uplinks, *self.uplink_flows})
+
+    @property
+    def contended_nics(self) -> list[int]:
+        return sorted({*self.slow_nics, *self.nic_flows})
+
+    def describe(self) -> str:
+        parts = [",".join(map(str, self.rack_sizes))]
+        parts += [f"uplink{r}={rate}" for r, rate in sorted(self.slow_uplinks.items())]
+        parts += [f"nic{i}={rate}" for i, rate in sorted(self.slow_nics.items())]
+        parts += [f"rack:{r}" for r in self.uplink_flows] + [f"nic:{i}" for i in self.nic_flows]
+        return " ".join(parts)
+
+
+def _draw(rng: random.Random, max_workers: int) -> Layout:
+    while True:
+        racks = rng.randint(2, 4)
+        sizes = [rng.randint(1, 5) for _ in range(racks)]
+        if 4 <= sum(sizes) <= max_workers:
+            break
+    ranks = list(range(sum(sizes)))
+    members = [[i for i, r in enumerate(Layout(tuple(sizes)).racks) if r == k] for k in range(racks)]
+    big = [r for r in range(racks) if sizes[r] >= 2]
+    slow_uplinks: dict[int, str] = {}
+    uplink_flows: list[int] = []
+    # At most one contended uplink by each mechanism, and never every rack's.
+    if big and racks >= 3 and rng.random() < 0.5:
+        slow_uplinks[rng.choice(big)] = f"{rng.choice(SLOW_RATES_MBIT)}mbit"
+    free = [r for r in big if r not in slow_uplinks]
+    if free and len(slow_uplinks) + 1 < racks and rng.random() < 0.5:
+        uplink_flows.append(rng.choice(free))
+    contended = set(slow_uplinks) | set(uplink_flows)
+    slow_nics: dict[int, str] = {}
+    nic_flows: list[int] = []
+    for _ in range(rng.choice((0, 1, 1, 2))):
+        clear = [i for i in ranks if i not in slow_nics and i not in nic_flows]
+        # keep a clear NIC in every contended rack, and three clear NICs in the world
+        allowed = [i for i in clear if len(clear) > 3 and not any(
+            i in members[r] and sum(1 for m in members[r] if m in clear) < 2 for r in contended)]
+        if not allowed:
+            break
+        rank = rng.choice(allowed)
+        if rng.random() < 0.6:
+            slow_nics[rank] = f"{rng.choice(SLOW_RATES_MBIT)}mbit"
+        else:
+            nic_flows.append(rank)
+    return Layout(tuple(sizes), slow_uplinks, slow_nics, tuple(uplink_flows), tuple(sorted(nic_flows)))
+
+
+def generate(count: int, seed: int = 0, *, max_workers: int = 9) -> list[Layout]:
+    """``count`` layouts drawn from ``seed`` (the same seed gives the same layouts)."""
+    if count < 1:
+        raise ValueError(f"need at least one layout, got {count}")
+    if not 4 <= max_workers <= 250:
+        raise ValueError(f"max_workers must lie in 4..250, got {max_workers}")
+    rng = random.Random(seed)
+    return [_draw(rng, max_workers) for _ in range(count)]
+
+
+def _same_partition(found: Sequence[int], truth: Sequence[int]) -> bool:
+    return len(found) == len(truth) and len(set(zip(found, truth, strict=True))) == len(set(found)) == len(set(truth))
+
+
+def score(layout: Layout, topology: dict[str, Any]) -> dict[str, Any]:
+    """What the probe got right on ``layout``, from the topology.json it wrote."""
+    found = [w["rack"] for w in topology["workers"]]
+    racks_exact = _same_partition(found, layout.racks)
+    # Uplink flags are judged per rack of the layout: the rack whose uplink was flagged is the
+    # rack the flagged rack's members belong to (only meaningful when the racks are exact).
+    flagged_up = sorted({layout.racks[i] for u in topology["contention"]["uplinks"]
+                         for i, r in enumerate(found) if r == u["rack"]}) if racks_exact else None
+    flagged_nic = sorted(n["rank"] for n in topology["contention"]["nics"])
+    want_up, want_nic = layout.contended_uplinks, layout.contended_nics
+    conf = topology.get("confidence", {})
+    return {
+        "layout": layout.describe(), "spec": asdict(layout), "racks_found": found,
+        "racks_exact": racks_exact,
+        "unplaced": conf.get("unplaced", []),
+        "confident": bool(conf.get("confident", True)),
+        "wrong_with_confidence": (not racks_exact) and bool(conf.get("confident", True)),
+        "uplinks_found": flagged_up, "uplinks_true": want_up, "uplinks_exact": flagged_up == want_up,
+        "nics_found": flagged_nic, "nics_true": want_nic, "nics_exact": flagged_nic == want_nic,
+        "flags_true_positive": len(set(flagged_up or []) & set(want_up)) + len(set(flagged_nic) & set(want_nic)),
+        "flags_reported": len(flagged_up or []) + len(flagged_nic),
+        "flags_true": len(want_up) + len(want_nic),
+        "probe_seconds": topology["probe"]["seconds"],
+        "world_size": len(found),
+    }
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    tp = sum(r["flags_true_positive"] for r in rows)
+    reported = sum(r["flags_reported"] for r in rows)
+    true = sum(r["flags_true"] for r in rows)
+    seconds = [r["probe_seconds"] for r in rows]
+    return {
+        "layouts": len(rows),
+        "racks_exact": sum(r["racks_exact"] for r in rows),
+        "flags_exact": sum(bool(r["uplinks_exact"]) and r["nics_exact"] for r in rows),
+        "wrong_with_confidence": sum(r["wrong_with_confidence"] for r in rows),
+        "flag_precision": tp / reported if reported else 1.0,
+        "flag_recall": tp / true if true else 1.0,
+        "probe_seconds_median": sorted(seconds)[len(seconds) // 2],
+        "probe_seconds_max": max(seconds),
+    }
+
+
+def probe_layout(layout: Layout, *, name: str, probe_args: Sequence[str] = (),
+                 timeout_s: float = 300.0) -> dict[str, Any]:
+    """Build ``layout``, put its contention on, run ``dssync probe`` on every worker, and
+    return the topology.json it wrote; the cluster is removed however this ends."""
+    from dssync.launch import emulate
+
+    with emulate.cluster(list(layout.rack_sizes), name=name), tempfile.TemporaryDirectory() as tmp:
+        for rack, rate in layout.slow_uplinks.items():
+            emulate.contend(name=name, rack=rack, uplink=rate)
+        for rank, rate in layout.slow_nics.items():
+            emulate.contend(name=name, rank=rank, nic=rate)
+        if layout.uplink_flows:
+            emulate.contend(name=name, flows=[("rack", r) for r in layout.uplink_flows])
+        if layout.nic_flows:
+            emulate.contend(name=name, flows=[("nic", i) for i in layout.nic_flows], streams=2)
+        out = Path(tmp) / "topology.json"
+        return emulate.run_dssync(name, ["probe", *probe_args, "--out", str(out)], out, timeout_s=timeout_s)
+
+
+def run_layouts(layouts: Sequence[Layout], *, name: str = "pbl", probe_args: Sequence[str] = (),
+                report: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Probe every layout in turn; the scored rows, the summary and the raw topologies."""
+    rows, raw = [], []
+    started = time.time()
+    for layout in layouts:
+        topology = probe_layout(layout, name=name, probe_args=probe_args)
+        row = score(layout, topology)
+        rows.append(row)
+        raw.append(topology)
+        if report is not None:
+            report(row)
+    return {"rows": rows, "summary": summarize(rows), "topologies": raw,
+            "wall_seconds": round(time.time() - started, 1)}
