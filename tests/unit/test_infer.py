@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dssync.topology.infer import classify_contention, infer_racks, renumber_racks
+from dssync.topology.infer import classify_contention, fit_racks, infer_racks, place_blind, renumber_racks
 
 
 def matrices(racks, *, intra_gbps=1.0, inter_gbps=0.25, intra_us=30.0, inter_us=200.0,
@@ -226,3 +226,104 @@ def test_one_lucky_cross_rack_pair_is_outvoted(lucky):
     i, j = lucky
     bw[i, j] = bw[j, i] = 1.0
     assert infer_racks(lat, bw) == layout([2, 3, 3])
+
+
+# -- ranks whose NIC is slow both ways, and how sure the racks are ------------------------------
+
+def flat_latency(n):
+    lat = np.full((n, n), 60.0)
+    np.fill_diagonal(lat, 0.0)
+    return lat  # latency says nothing: bandwidth alone must tell
+
+
+def slow_nic(bw, rank, gbps):
+    bw[rank, :] = np.minimum(bw[rank, :], gbps)
+    bw[:, rank] = np.minimum(bw[:, rank], gbps)
+    np.fill_diagonal(bw, 0.0)
+
+
+def test_a_blind_rank_is_placed_where_its_flows_did_not_cross_an_uplink():
+    racks = layout([3, 2, 3])
+    _, bw = matrices(racks, inter_gbps=0.12, noise=0.05, seed=7)
+    slow_nic(bw, 1, 0.35)  # its cross-rack flows (0.12) run well below its NIC (0.35)
+    fit = fit_racks(flat_latency(8), bw)
+    assert fit.blind == [1] and fit.racks() == racks
+    assert fit.confidence()["placed"][0]["rank"] == 1 and fit.confidence()["unplaced"] == []
+
+
+def test_a_blind_rank_the_pairs_cannot_place_is_a_rack_of_its_own_and_named():
+    racks = layout([3, 3, 3])
+    _, bw = matrices(racks, inter_gbps=0.5, noise=0.05, seed=8)
+    slow_nic(bw, 4, 0.3)  # slower than any cross-rack share: its pairs show nothing
+    fit = fit_racks(flat_latency(9), bw)
+    assert fit.unplaced == [4] and sorted(fit.candidates[4]) == [0, 1, 2]
+    assert fit.racks() == [0, 0, 0, 1, 2, 1, 3, 3, 3]  # never a member of the rack that looks closest
+    conf = fit.confidence()
+    assert conf["unplaced"] == [4] and not conf["confident"]
+
+
+@pytest.mark.parametrize("home", [0, 1, 2])
+def test_the_blast_that_holds_back_a_rider_places_it(home):
+    racks = layout([3, 3, 3])
+    _, bw = matrices(racks, inter_gbps=0.5, noise=0.05, seed=8)
+    rider = {0: 1, 1: 4, 2: 7}[home]
+    slow_nic(bw, rider, 0.3)
+    fit = fit_racks(flat_latency(9), bw)
+    assert fit.unplaced == [rider]
+    rates = {g: 0.29 for g in fit.candidates[rider]}
+    rates[home] = 0.06  # it shared that rack's uplink with the blast
+    place_blind(fit, {rider: rates}, {g: 0.1 for g in rates})
+    assert fit.racks() == racks and fit.confidence()["confident"]
+
+
+def test_a_rider_no_blast_held_back_is_alone_only_if_every_blast_could_have():
+    racks = [0, 0, 0, 1, 2, 2, 2]  # rank 3 alone in its rack, with a slow NIC
+    _, bw = matrices(racks, inter_gbps=0.5, noise=0.05, seed=9)
+    slow_nic(bw, 3, 0.3)
+    fit = fit_racks(flat_latency(7), bw)
+    assert fit.unplaced == [3]
+    place_blind(fit, {3: {0: 0.29, 1: 0.3}}, {0: 0.1, 1: 0.2})  # group 1's share (0.2) is no test
+    assert fit.unplaced == [3]
+    place_blind(fit, {3: {0: 0.29, 1: 0.3}}, {0: 0.1, 1: 0.1})
+    assert fit.unplaced == [] and fit.racks() == racks
+
+
+def test_a_slow_nic_in_a_rack_of_two_beside_a_slow_uplink():
+    """Racks 3,2,3; rack 1's uplink is slow (0.2, shared by two flows in a round) and rank 3's
+    NIC is slow (0.3): every flow of both rank 3 and its rack-mate 4 is slow. Neither is a rack
+    of its own nor a member of another rack: their flows to every other rack crossed an uplink,
+    their flow to each other did not."""
+    racks = layout([3, 2, 3])
+    _, bw = matrices(racks, inter_gbps=0.45, noise=0.05, seed=10)
+    for i in (3, 4):
+        for j in range(8):
+            if racks[j] != 1:
+                bw[i, j] = bw[j, i] = 0.1
+    slow_nic(bw, 3, 0.3)
+    fit = fit_racks(flat_latency(8), bw)
+    assert fit.racks() == racks
+    assert 3 in [n["rank"] for n in classify_contention(bw, fit.racks())["nics"]]
+
+
+def test_background_flows_through_a_nic_and_across_an_uplink():
+    racks = layout([2, 3, 4])
+    _, bw = matrices(racks, inter_gbps=0.45, noise=0.05, seed=11)
+    bw[2:5, :][:, [j for j in range(9) if racks[j] != 1]] = 0.1  # rack 1's egress is shared
+    bw[7, :] *= 0.3  # rank 7's NIC carries another job's flow, outbound
+    np.fill_diagonal(bw, 0.0)
+    fit = fit_racks(flat_latency(9), bw)
+    assert fit.blind == [] and fit.racks() == racks  # rank 7 still sees its rack through its inbound flows
+    found = classify_contention(bw, racks)
+    assert [u["rack"] for u in found["uplinks"]] == [1] and [n["rank"] for n in found["nics"]] == [7]
+
+
+def test_confidence_names_each_boundary_and_falls_with_the_separation():
+    racks = layout([4, 4])
+    _, sharp = matrices(racks, inter_gbps=0.3, noise=0.05, seed=12)
+    conf = fit_racks(flat_latency(8), sharp).confidence()
+    assert [b["racks"] for b in conf["boundaries"]] == [[0, 1]] and conf["boundaries"][0]["confident"]
+    assert conf["boundaries"][0]["separation"] > 2.0 and conf["confident"]
+    _, dull = matrices(racks, inter_gbps=0.62, noise=0.1, seed=12)
+    blurred = fit_racks(flat_latency(8), dull).confidence()
+    if blurred["boundaries"]:  # still split: then less sure than the sharp matrix
+        assert blurred["boundaries"][0]["separation"] < conf["boundaries"][0]["separation"]
