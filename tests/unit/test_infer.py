@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dssync.topology.infer import classify_contention, fit_racks, infer_racks, place_blind, renumber_racks
+from dssync.topology.infer import (
+    classify_contention,
+    fit_racks,
+    infer_racks,
+    place_blind,
+    renumber_racks,
+)
 
 
 def matrices(racks, *, intra_gbps=1.0, inter_gbps=0.25, intra_us=30.0, inter_us=200.0,
