@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.cluster.hierarchy import fcluster, linkage
+from scipy.cluster.hierarchy import DisjointSet, fcluster, linkage
 from scipy.spatial.distance import squareform
 
 __all__ = ["DEFAULT_SLOW_RATIO", "RackFit", "blind_ranks", "classify_contention", "fit_racks", "infer_racks",
@@ -69,8 +69,7 @@ def _bandwidth_cost(bw: np.ndarray, slow_ratio: float = DEFAULT_SLOW_RATIO) -> t
     out_best, in_best = bw.max(axis=1), bw.max(axis=0)
     cost = np.full_like(bw, np.nan)
     np.divide(np.minimum.outer(out_best, in_best), bw, out=cost, where=bw > 0)
-    blind = np.logical_or.outer(out_best < slow_ratio * np.median(out_best),
-                                in_best < slow_ratio * np.median(in_best))
+    blind = np.logical_or.outer(*_slow_ends(bw, slow_ratio))
     seen = np.where(blind, np.nan, cost)
     known = ~np.isnan(seen) | ~np.isnan(seen.T)
     with np.errstate(invalid="ignore"):
@@ -167,13 +166,19 @@ class RackFit:
         }
 
 
+def _slow_ends(bw: np.ndarray, slow_ratio: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per rank, whether its best outgoing and its best incoming flow (diagonal zero) are
+    below ``slow_ratio`` of the median rank's: its NIC, not the path, bounds that direction."""
+    out_best, in_best = bw.max(axis=1), bw.max(axis=0)
+    return out_best < slow_ratio * np.median(out_best), in_best < slow_ratio * np.median(in_best)
+
+
 def blind_ranks(bandwidth_gbps: Any, slow_ratio: float = DEFAULT_SLOW_RATIO) -> list[int]:
     """Ranks whose best flow is slow both ways (below ``slow_ratio`` of the median rank's)."""
     bw = _square("bandwidth_gbps", bandwidth_gbps).copy()
     np.fill_diagonal(bw, 0.0)
-    out_best, in_best = bw.max(axis=1), bw.max(axis=0)
-    return [i for i in range(len(bw)) if out_best[i] < slow_ratio * np.median(out_best)
-            and in_best[i] < slow_ratio * np.median(in_best)]
+    out_slow, in_slow = _slow_ends(bw, slow_ratio)
+    return np.flatnonzero(out_slow & in_slow).tolist()
 
 
 def infer_racks(
@@ -295,16 +300,15 @@ def _place_by_latency(fit: RackFit, lat_labels: list[int]) -> None:
 
 
 def _margins(dist: np.ndarray, ranks: list[int], groups: list[list[int]]) -> dict[int, float]:
+    """Each clustered rank's mean distance to the nearest other group over that to its own."""
     where = {r: k for k, r in enumerate(ranks)}
     out = {}
     for g, members in enumerate(groups):
         for i in members:
-            own = [dist[where[i], where[k]] for k in members if k != i and k in where]
-            near = float(np.mean(own)) if own else 1.0
-            far = min((float(np.mean([dist[where[i], where[k]] for k in other if k in where]))
-                       for h, other in enumerate(groups) if h != g and any(k in where for k in other)),
-                      default=float("inf"))
-            out[i] = far / max(near, 1e-9)
+            row = dist[where[i]]
+            own = [row[where[k]] for k in members if k != i]
+            far = min(float(np.mean([row[where[k]] for k in other])) for h, other in enumerate(groups) if h != g)
+            out[i] = far / max(float(np.mean(own)) if own else 1.0, 1e-9)
     return out
 
 
@@ -313,25 +317,20 @@ def _rule_out(fit: RackFit, bw: np.ndarray, hosts: Sequence[str] | None) -> None
     off = bw.copy()
     np.fill_diagonal(off, 0.0)
     out_best, in_best = off.max(axis=1), off.max(axis=0)
+
+    def crossed(a: int, b: int) -> bool:
+        """A flow between ``a`` and ``b`` ran below CROSS_RATIO of what both NICs allow."""
+        return any(min(out_best[s], in_best[d]) > 0 and off[s, d] < CROSS_RATIO * min(out_best[s], in_best[d])
+                   for s, d in ((a, b), (b, a)))
+
     for j in fit.blind:
-        left = []
-        for g, members in enumerate(fit.groups):
-            crossed = False
-            for k in members:
-                if hosts is not None and hosts[j] == hosts[k]:
-                    fit.placed[j] = g  # one host, one rack
-                    fit.evidence[j] = f"same host as rank {k}"
-                    break
-                for src, dst in ((j, k), (k, j)):
-                    allowed = min(out_best[src], in_best[dst])
-                    if allowed > 0 and off[src, dst] < CROSS_RATIO * allowed:
-                        crossed = True
-            if j in fit.placed:
-                break
-            if not crossed:
-                left.append(g)
-        if j in fit.placed:
+        host_mate = next(((g, k) for g, members in enumerate(fit.groups) for k in members
+                          if hosts is not None and hosts[j] == hosts[k]), None)
+        if host_mate is not None:
+            fit.placed[j] = host_mate[0]  # one host, one rack
+            fit.evidence[j] = f"same host as rank {host_mate[1]}"
             continue
+        left = [g for g, members in enumerate(fit.groups) if not any(crossed(j, k) for k in members)]
         fit.candidates[j] = left
         if len(left) == 1 and len(fit.groups) > 1:
             fit.placed[j] = left[0]
@@ -339,11 +338,6 @@ def _rule_out(fit: RackFit, bw: np.ndarray, hosts: Sequence[str] | None) -> None
     # Blind ranks whose flows crossed an uplink to every clear rack sit in racks of blind ranks
     # only: those whose flows to each other crossed nothing are one rack.
     homeless = [j for j in fit.blind if j not in fit.placed and not fit.candidates.get(j) and len(fit.groups) > 0]
-
-    def crossed(a: int, b: int) -> bool:
-        return any(min(out_best[s], in_best[d]) > 0 and off[s, d] < CROSS_RATIO * min(out_best[s], in_best[d])
-                   for s, d in ((a, b), (b, a)))
-
     while homeless:
         j = homeless.pop(0)
         mates = [k for k in homeless if not crossed(j, k)]
@@ -401,16 +395,16 @@ def place_blind(fit: RackFit, rider_gbps: dict[int, dict[int, float]], shares: d
 
 
 def _merge_groups_by_host(groups: list[list[int]], hosts: Sequence[str]) -> list[list[int]]:
-    labels = [0] * len(hosts)
+    """Groups joined wherever two of their ranks share a host (never split)."""
     ranks = [i for members in groups for i in members]
-    for g, members in enumerate(groups):
-        for i in members:
-            labels[i] = g
-    merged = _merge_by_host([labels[i] for i in ranks], [hosts[i] for i in ranks])
-    out: dict[int, list[int]] = {}
-    for i, label in zip(ranks, merged, strict=True):
-        out.setdefault(label, []).append(i)
-    return [sorted(m) for m in out.values()]
+    union = DisjointSet(ranks)
+    for members in groups:
+        for i in members[1:]:
+            union.merge(members[0], i)
+    first: dict[str, int] = {}
+    for i in ranks:
+        union.merge(first.setdefault(hosts[i], i), i)
+    return [sorted(subset) for subset in union.subsets()]
 
 
 def _with_profile(ratio: np.ndarray | None, known: np.ndarray, gap: float) -> np.ndarray | None:
@@ -465,23 +459,6 @@ def _separated(dist: np.ndarray, labels: list[int]) -> bool:
     if within.size == 0:
         return True  # every rank alone, each one apart from all others
     return float(np.percentile(between, 10)) > float(np.percentile(within, 90))
-
-
-def _merge_by_host(labels: list[int], hosts: Sequence[str]) -> list[int]:
-    parent = {label: label for label in labels}
-
-    def find(x: int) -> int:
-        while parent[x] != x:
-            x = parent[x]
-        return x
-
-    first: dict[str, int] = {}
-    for label, host in zip(labels, hosts, strict=True):
-        other = first.setdefault(host, label)
-        a, b = find(label), find(other)
-        if a != b:
-            parent[max(a, b)] = min(a, b)
-    return [find(label) for label in labels]
 
 
 def slow_keys(values: dict[int, float], ratio: float = DEFAULT_SLOW_RATIO) -> list[int]:

@@ -166,16 +166,6 @@ class _Link:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise CommunicationError(f"rank {self.rank}: probe {what} with peer {peer} failed: {first}") from None
 
-    def start_send(self, tensor: torch.Tensor, peer: int, what: str) -> Any:
-        return self._start(dist.isend, tensor, peer, what)
-
-    def start_recv(self, tensor: torch.Tensor, peer: int, what: str) -> Any:
-        return self._start(dist.irecv, tensor, peer, what)
-
-    def finish(self, work: Any, peer: int, what: str) -> None:
-        """Collect a completed operation (raises ``CommunicationError`` if it failed)."""
-        self._wait([(work, peer)], what)
-
     def send(self, tensor: torch.Tensor, peers: list[int], what: str) -> None:
         self._wait([(self._start(dist.isend, tensor, p, what), p) for p in peers], what)
 
@@ -355,7 +345,7 @@ def interface_address(ifname: str) -> str:
 
 
 def _streams(link: _Link, rank: int, flows: list[tuple[int, int]], cfg: ProbeConfig,
-             message_bytes: int, what: str) -> dict[tuple[int, int], float]:
+             what: str) -> dict[tuple[int, int], float]:
     """Run every ``(src, dst)`` flow at once for ``cfg.bandwidth_seconds``, each at its own
     pace; return ``{(rank, dst): Gbit/s}`` for the flows this rank sent.
 
@@ -368,13 +358,13 @@ def _streams(link: _Link, rank: int, flows: list[tuple[int, int]], cfg: ProbeCon
     srcs = [s for s, d in flows if d == rank]
     if not dsts and not srcs:
         return {}
-    timed = ProbeConfig(message_bytes=message_bytes, bandwidth_seconds=cfg.bandwidth_seconds,
-                        timeout_s=cfg.timeout_s)
     with ThreadPoolExecutor(max_workers=len(dsts) + len(srcs)) as pool:
-        sends = {d: pool.submit(_stream, link, d, True, timed, torch.zeros(message_bytes, dtype=torch.uint8),
-                                what) for d in dsts}
-        recvs = [pool.submit(_stream, link, s, False, timed, torch.zeros(message_bytes, dtype=torch.uint8),
-                             what) for s in srcs]
+        def start(peer: int, send: bool) -> Any:  # a buffer of its own per flow end
+            payload = torch.zeros(cfg.message_bytes, dtype=torch.uint8)
+            return pool.submit(_stream, link, peer, send, cfg, payload, what)
+
+        sends = {d: start(d, True) for d in dsts}
+        recvs = [start(s, False) for s in srcs]
         for job in recvs:
             job.result()
         return {(rank, d): float(job.result()) for d, job in sends.items()}
@@ -384,7 +374,7 @@ def _phase(comm: Communicator, link: _Link, flows: list[tuple[int, int]], cfg: P
            what: str) -> dict[tuple[int, int], float]:
     """``_streams`` on every rank after a barrier; every flow's Gbit/s, on every rank."""
     comm.barrier()
-    mine = _streams(link, comm.rank, flows, cfg, cfg.message_bytes, what)
+    mine = _streams(link, comm.rank, flows, cfg, what)
     return {k: v for part in comm.allgather_object(mine) for k, v in part.items()}
 
 
@@ -456,8 +446,8 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
             bandwidth_gbps[src, dst] = value
     phase_seconds = {"pairs": round(time.time() - started_at, 3)}
     known = racks is not None
-    fit = (RackFit(n=n, groups=[[i for i in range(n) if racks[i] == r] for r in sorted(set(racks))])
-           if known else fit_racks(latency_us, bandwidth_gbps, hosts))
+    fit = (RackFit(n=n, groups=[[i for i in range(n) if racks[i] == r] for r in sorted(set(racks))],
+                   metric="given") if known else fit_racks(latency_us, bandwidth_gbps, hosts))
     provisional = fit.racks()
     # Egress blasts, one per rack: its uplink with all of its members sending across at once
     # (the paper's contended uplink only shows when a whole rack talks), and, for every rank
@@ -484,14 +474,14 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
     else:
         racks = provisional
     phase_seconds["blasts"] = round(time.time() - started_at - phase_seconds["pairs"], 3)
-    # Each final rack's aggregate is its clear group's blast (a rack of unplaced ranks alone had none).
-    by_group = {racks[fit.groups[g][0]]: p["egress_gbps"] for g, p in enumerate(phases)}
-    aggregates = [by_group.get(r, 0.0) for r in range(max(racks) + 1)] if phases else None
-    for p in phases:
-        p["rack"] = racks[fit.groups[phases.index(p)][0]]
+    # Phase g blasted group g: name it by its final rack. A rack of unplaced ranks alone had none.
+    for g, p in enumerate(phases):
+        p["rack"] = racks[fit.groups[g][0]]
+    by_rack = {p["rack"]: p["egress_gbps"] for p in phases}
+    aggregates = [by_rack.get(r, 0.0) for r in range(max(racks) + 1)] if phases else None
     contention: dict[str, Any] = dict(classify_contention(bandwidth_gbps, racks, aggregates, hosts=hosts))
     contention["uplink_aggregates"] = phases
-    confidence = fit.confidence() if not known else {"metric": "given", "confident": True, "unplaced": []}
+    confidence = fit.confidence()
     confidence["riders_gbps"] = {str(j): {str(g): round(v, 4) for g, v in r.items()} for j, r in rider_gbps.items()}
     confidence["phase_seconds"] = phase_seconds
     return ProbeResult(hosts=hosts, latency_us=latency_us, bandwidth_gbps=bandwidth_gbps, racks=racks,

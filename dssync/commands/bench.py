@@ -541,7 +541,6 @@ def run_probe_layouts(args: argparse.Namespace) -> int:
                   f"{s['flag_precision']:.3f} recall {s['flag_recall']:.3f}, probe time median "
                   f"{s['probe_seconds_median']:.1f} s max {s['probe_seconds_max']:.1f} s")
     if args.json:
-        write_json(args.json, {"command": "dssync bench probe-layouts " + " ".join(
-            f"--{k} {v}" for k, v in (("count", args.count), ("seed", args.seed), ("max-workers", args.max_workers))),
-            "probe_args": args.probe_args, **result})
+        command = f"dssync bench probe-layouts --count {args.count} --seed {args.seed} --max-workers {args.max_workers}"
+        write_json(args.json, {"command": command, "probe_args": args.probe_args, **result})
     return 0
