@@ -17,8 +17,8 @@ import numpy as np
 from scipy.cluster.hierarchy import DisjointSet, fcluster, linkage
 from scipy.spatial.distance import squareform
 
-__all__ = ["DEFAULT_SLOW_RATIO", "RackFit", "blind_ranks", "classify_contention", "fit_racks", "infer_racks",
-           "place_blind", "renumber_racks", "slow_keys"]
+__all__ = ["DEFAULT_SLOW_RATIO", "RackFit", "blind_ranks", "classify_contention", "fit_racks", "held", "infer_racks",
+           "clear_latency", "place_blind", "renumber_racks", "slow_keys"]
 
 DEFAULT_RACK_GAP = 0.5
 DEFAULT_SLOW_RATIO = 0.6
@@ -94,9 +94,12 @@ CROSS_RATIO = 0.5
 #: A boundary, or a worker's place, is confident when every worker it separates is at least
 #: this many times farther (on average) from the other rack than from its own.
 CONFIDENT_MARGIN = 1.25
-#: A rider flow during a rack's egress blast (``place_blind``) below this fraction of its rate
-#: in the other racks' blasts shared that rack's uplink.
-SHARED_RATIO = 0.6
+#: A ping during a rack's egress blast (``place_blind``) this many times slower than the same
+#: ping idle waited behind that rack's uplink queue.
+DELAY_RATIO = 3.0
+#: A blast is sharp (a queue filled at a link its members share) when they sent below this
+#: fraction of what their NICs carried alone.
+SHARP_RATIO = 0.6
 
 
 @dataclass
@@ -278,10 +281,45 @@ def fit_racks(
         fit.margins = _margins(dist, ranks, fit.groups)
     if bw is not None and blind:
         _rule_out(fit, bw, hosts)
+        _rule_out_by_queue(fit, lat)
         lat_choice = choices[0]
         if metric == "bandwidth" and lat_choice in informative:
             _place_by_latency(fit, _cluster(lat_choice[2], gap))
     return fit
+
+
+def clear_latency(latency_us: np.ndarray) -> float:
+    """One-way µs up to which a path is clear (no queue on it): ``DELAY_RATIO`` times the
+    median rank's nearest-neighbour latency."""
+    sym = (latency_us + latency_us.T) / 2.0
+    off = sym + np.diag(np.full(len(sym), np.inf))
+    return DELAY_RATIO * float(np.median(off.min(axis=1)))
+
+
+def _rule_out_by_queue(fit: RackFit, lat: np.ndarray) -> None:
+    """A blind rank's candidate groups narrowed by queues that other traffic keeps full.
+
+    A slow NIC does not slow a small message, so a blind rank's pings still show its paths.
+    If its pings to one group's members are clear (median latency at most
+    ``clear_latency``) and to another group's members wait, a full queue sits on its paths
+    to the second group and none on its paths to the first. Its NIC is then not queued (the
+    clear pings pass it), and a rack-mate's path crosses nothing else, so it is not in the
+    second group. (Whether it is in the first, or on a rack of its own with the queue at the
+    second group's uplink, pings at rest cannot say; the blasts' pings do.)
+    """
+    if len(fit.groups) < 2:
+        return
+    sym = (lat + lat.T) / 2.0
+    clear = clear_latency(lat)
+    for j in fit.blind:
+        if j in fit.placed or not fit.candidates.get(j):
+            continue
+        typical = [float(np.median([sym[j, k] for k in members])) for members in fit.groups]
+        if any(t <= clear for t in typical):
+            waits = [g for g, t in enumerate(typical) if t > clear]
+            fit.candidates[j] = [g for g in fit.candidates[j] if g not in waits]
+            if waits:
+                fit.evidence[j] = "latency: its pings to group(s) " + ", ".join(map(str, waits)) + " wait in a queue"
 
 
 def _place_by_latency(fit: RackFit, lat_labels: list[int]) -> None:
@@ -353,44 +391,62 @@ def _rule_out(fit: RackFit, bw: np.ndarray, hosts: Sequence[str] | None) -> None
                 homeless.remove(k)
 
 
-def place_blind(fit: RackFit, rider_gbps: dict[int, dict[int, float]], shares: dict[int, float]) -> RackFit:
-    """Decide the blind ranks from the probe's egress blasts (``dssync.topology.probe``).
+def held(ping: tuple[float, float] | None, clear_us: float, full: bool) -> bool | None:
+    """Whether a ping ``(during, idle)`` waited behind a blast's queue (µs one way): it was
+    clear at rest (at most ``clear_us``) and not during the blast (above both ``clear_us``
+    and ``DELAY_RATIO`` times its idle time). ``None`` when the ping cannot tell: none was
+    sent, it was behind a queue of other traffic at rest already, or it did not wait while
+    the blast's queue was not known to be ``full``."""
+    if ping is None or not 0 < ping[1] <= clear_us:
+        return None
+    if ping[0] > max(clear_us, DELAY_RATIO * ping[1]):
+        return True
+    return False if full else None
 
-    During the blast of group ``g``, its clear members send to the ranks outside it all at
-    once, and every blind rank sends one *rider* flow to a quiet rank outside ``g``:
-    ``rider_gbps[j][g]``. A rider that leaves through ``g``'s uplink shares it with the whole
-    blast, and gets about ``shares[g]`` (the blast's total over its flows plus one); a rider
-    that does not runs as fast as in the other blasts. So ``j`` belongs to the one candidate
-    group whose blast held its rider below ``SHARED_RATIO`` of its median in the other blasts.
-    No such group, while every candidate's blast could have shown it (its share below
-    ``SHARED_RATIO`` of the rider's usual rate), means a rack of its own, unless another blind
-    rank also came out alone (two such could share a rack that no blast tests). Anything else
-    stays unplaced.
+
+def place_blind(fit: RackFit, delays: dict[int, dict[int, dict[str, tuple[float, float]]]],
+                full: dict[int, bool], clear_us: float = float("inf")) -> RackFit:
+    """Decide the blind ranks from the queues of the probe's egress blasts (``dssync.topology.probe``).
+
+    During the blast of group ``g`` its clear members send across at once, so a queue fills
+    at ``g``'s uplink, the link they all share (``full[g]``: it did). Every undecided blind
+    rank meanwhile pings, with small messages, a quiet rank outside ``g`` (``"out"``) and,
+    where ``g`` has a member to spare, a quiet member of ``g`` (``"in"``): ``delays[j][g][k]``
+    is ``(fastest one-way µs during the blast, fastest one-way µs between the same ranks in
+    the pairs phase)``. A round trip crosses ``g``'s uplink queue outwards exactly when one
+    end is in ``g`` and the other is not: so a ping to the outside waits (``DELAY_RATIO``
+    times its idle time or more; on the emulated racks 1 to 2.5 ms against 0.15 to 0.3 ms)
+    if ``j`` is in ``g``, and a ping to the inside waits if it is not. A slow NIC does not
+    slow a small message, so this sees the path of a rank whose flows cannot. A ping whose
+    idle time was already above ``clear_us`` (behind a queue of other traffic, which hides
+    the blast's) says nothing, nor does a ping that did not wait behind a queue that was
+    not full.
+
+    ``j`` is placed in the one candidate group that a ping says it is in (none saying it is
+    not); on a rack of its own when every candidate says it is not, unless another blind
+    rank also came out alone (two such could share a rack that no blast tests). Anything
+    else stays unplaced.
     """
     alone = []
     for j in fit.blind:
-        if j in fit.placed or not rider_gbps.get(j):
+        if j in fit.placed or not delays.get(j):
             continue
-        rates = rider_gbps[j]
-        dropped, blunt = [], []
+        verdicts: dict[int, bool | None] = {}
         for g in fit.candidates.get(j, []):
-            if g not in rates:
-                blunt.append(g)
-                continue
-            others = [v for h, v in rates.items() if h != g]
-            usual = float(np.median(others)) if others else float(max(rates.values()))
-            if rates[g] < SHARED_RATIO * usual:
-                dropped.append((rates[g] / usual, g))
-            elif not shares.get(g, np.inf) < SHARED_RATIO * usual:
-                blunt.append(g)
-        if len(dropped) == 1:
-            fit.placed[j] = dropped[0][1]
-            fit.evidence[j] = f"its flow shared rack {dropped[0][1]}'s uplink ({dropped[0][0]:.2f} of its usual rate)"
-        elif not dropped and not blunt:
+            pings = delays[j].get(g, {})
+            out = held(pings.get("out"), clear_us, full.get(g, False))
+            inside = held(pings.get("in"), clear_us, full.get(g, False))
+            says = {v for v in (out, None if inside is None else not inside) if v is not None}
+            verdicts[g] = says.pop() if len(says) == 1 else None
+        inside_of = [g for g, v in verdicts.items() if v is True]
+        if len(inside_of) == 1:
+            fit.placed[j] = inside_of[0]
+            fit.evidence[j] = f"its pings crossed group {inside_of[0]}'s uplink queue as a member's do"
+        elif verdicts and all(v is False for v in verdicts.values()):
             alone.append(j)
     if len(alone) == 1:
         fit.placed[alone[0]] = None
-        fit.evidence[alone[0]] = "no rack's uplink carried its flow"
+        fit.evidence[alone[0]] = "its pings crossed every rack's uplink queue as an outsider's do"
     return fit
 
 

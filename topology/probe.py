@@ -19,9 +19,9 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,15 @@ import torch.distributed as dist
 
 from dssync.collectives.base import Communicator
 from dssync.errors import BackendUnavailableError, CommunicationError
-from dssync.topology.infer import RackFit, classify_contention, fit_racks, place_blind
+from dssync.topology.infer import (
+    SHARP_RATIO,
+    RackFit,
+    classify_contention,
+    clear_latency,
+    fit_racks,
+    held,
+    place_blind,
+)
 from dssync.topology.model import Topology, Worker
 
 __all__ = [
@@ -125,7 +133,7 @@ def round_robin_rounds(num_ranks: int) -> list[list[tuple[int, int]]]:
     return rounds
 
 
-def blast_flows(racks: list[int], rack: int, riders: list[int] = (), sink: int | None = None) -> list[tuple[int, int]]:
+def blast_flows(racks: list[int], rack: int, quiet: Sequence[int] = ()) -> list[tuple[int, int]]:
     """Flows of ``rack``'s egress blast: its members send across racks all at once.
 
     As many flows as the larger side has ranks, paired round-robin, so every member of the
@@ -133,20 +141,15 @@ def blast_flows(racks: list[int], rack: int, riders: list[int] = (), sink: int |
     of its members at once. No more than that: TCP shares a link per flow, so a blast of
     every member to every rank outside (16 flows on ``inter-rack``) took two thirds of an
     uplink from the 8 streams of another job and hid the contention (0.55 against 0.90
-    Gbit/s, above the 0.6 rule), where 4 flows leave it a third.
-
-    ``riders`` (ranks whose own NIC is too slow to show their paths) are neither senders nor
-    receivers of the blast; each sends one flow to ``sink``, a rank outside ``rack`` that
-    receives nothing else, so a rider's flow shares ``rack``'s uplink with the blast only
-    when the rider sits in ``rack``.
+    Gbit/s, above the 0.6 rule), where 4 flows leave it a third. ``quiet`` ranks (the
+    pingers of ``place_blind`` and the rank they ping) neither send nor receive.
     """
-    skip = set(riders) | ({sink} if sink is not None else set())
+    skip = set(quiet)
     inside = [i for i, r in enumerate(racks) if r == rack and i not in skip]
     outside = [i for i, r in enumerate(racks) if r != rack and i not in skip]
     if not inside or not outside:
         return []
-    flows = [(inside[k % len(inside)], outside[k % len(outside)]) for k in range(max(len(inside), len(outside)))]
-    return flows + ([(j, sink) for j in riders] if sink is not None else [])
+    return [(inside[k % len(inside)], outside[k % len(outside)]) for k in range(max(len(inside), len(outside)))]
 
 
 class _Link:
@@ -181,7 +184,7 @@ class _Link:
         self._wait(works, what)
 
 
-def _ping_pong(link: _Link, peer: int, lead: bool, cfg: ProbeConfig) -> float | None:
+def _ping_pong(link: _Link, peer: int, lead: bool, cfg: ProbeConfig, quantile: float = 0.0) -> float | None:
     """One-way latency (µs, fastest RTT / 2) measured by the leader, ``None`` on the follower.
 
     The fastest, not the median, round trip: queueing and scheduling only ever add delay, and
@@ -211,7 +214,7 @@ def _ping_pong(link: _Link, peer: int, lead: bool, cfg: ProbeConfig) -> float | 
             rtts.append(time.perf_counter() - t0)
         if last:
             break
-    return min(rtts) / 2 * 1e6
+    return float(np.quantile(rtts, quantile)) / 2 * 1e6
 
 
 def _stream(link: _Link, peer: int, send: bool, cfg: ProbeConfig, payload: torch.Tensor,
@@ -377,25 +380,59 @@ def _streams(link: _Link, rank: int, flows: list[tuple[int, int]], cfg: ProbeCon
         return {(rank, d): float(job.result()) for d, job in sends.items()}
 
 
-def _phase(comm: Communicator, link: _Link, flows: list[tuple[int, int]], cfg: ProbeConfig,
-           what: str) -> dict[tuple[int, int], float]:
-    """``_streams`` on every rank after a barrier; every flow's Gbit/s, on every rank."""
+def _phase(comm: Communicator, link: _Link, flows: list[tuple[int, int]], cfg: ProbeConfig, what: str,
+           pings: Sequence[tuple[int, int]] = ()) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float]]:
+    """``_streams`` on every rank after a barrier, with ``pings`` (``(pinger, echo)``) in the
+    middle of it: every flow's Gbit/s and every pinger's fastest one-way µs, on every rank.
+
+    A pinger starts after a third of the stream time, when the queues the flows fill are
+    full, and pings for the next third; an echo answers each of its pingers in a thread. It
+    keeps the lower quartile of its round trips, not the fastest: TCP's flows now and then
+    drain a queue for a moment, and a scheduling hiccup only delays a few pings.
+    """
     comm.barrier()
-    mine = _streams(link, comm.rank, flows, cfg, what)
-    return {k: v for part in comm.allgather_object(mine) for k, v in part.items()}
+    mine_pings: dict[tuple[int, int], float] = {}
+    during = replace(cfg, latency_reps=10**6, latency_seconds=cfg.bandwidth_seconds / 3)
+    jobs = [(a, b) for a, b in pings if comm.rank in (a, b)]
+    with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
+        def ping(a: int, b: int) -> float | None:
+            if comm.rank == a:
+                time.sleep(cfg.bandwidth_seconds / 3)
+            return _ping_pong(link, b if comm.rank == a else a, comm.rank == a, during, quantile=0.25)
+
+        pending = {pair: pool.submit(ping, *pair) for pair in jobs}
+        mine = _streams(link, comm.rank, flows, cfg, what)
+        for pair, job in pending.items():
+            value = job.result()
+            if value is not None:
+                mine_pings[pair] = value
+    rates: dict[tuple[int, int], float] = {}
+    waits: dict[tuple[int, int], float] = {}
+    for part, part_pings in comm.allgather_object((mine, mine_pings)):
+        rates.update(part)
+        waits.update(part_pings)
+    return rates, waits
 
 
-def _sink(racks: list[int], rack: int, riders: list[int], bw: np.ndarray) -> int | None:
-    """The quiet rank outside ``rack`` that riders send to: in the rack whose members take
-    in traffic from other racks fastest (a slow uplink there would hold every rider back)."""
-    outside = [i for i, r in enumerate(racks) if r != rack and i not in riders]
-    if len(outside) < 2:  # the blast needs a receiver besides the sink
+def _echo(racks: list[int], rack: int, pingers: list[int], bw: np.ndarray, latency_us: np.ndarray) -> int | None:
+    """The quiet rank outside ``rack`` that the pingers ping during its blast.
+
+    One whose idle pings from every pinger were clear, if any (a queue that other traffic
+    keeps full on the way there or back would hide the blast's), and among those one in the
+    rack that takes in traffic from other racks fastest (the blast sends there too).
+    """
+    outside = [i for i, r in enumerate(racks) if r != rack and i not in pingers]
+    if len(outside) < 2:  # the blast needs a receiver besides the echo
         return None
+    clear = clear_latency(latency_us)
+    sym = (latency_us + latency_us.T) / 2.0
+
     def ingress(i: int) -> float:
-        mates = [k for k, r in enumerate(racks) if r == racks[i] and k not in riders]
+        mates = [k for k, r in enumerate(racks) if r == racks[i] and k not in pingers]
         flows = [bw[k, m] for m in mates for k in range(len(racks)) if racks[k] != racks[i] and bw[k, m] > 0]
         return float(np.median(flows)) if flows else 0.0
-    return max(outside, key=lambda i: (ingress(i), bw[:, i].max(), -i))
+
+    return min(outside, key=lambda i: (sum(sym[j, i] > clear for j in pingers), -ingress(i), -bw[:, i].max(), i))
 
 
 def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
@@ -458,11 +495,15 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
     provisional = fit.racks()
     # Egress blasts, one per rack: its uplink with all of its members sending across at once
     # (the paper's contended uplink only shows when a whole rack talks), and, for every rank
-    # the pairs could not place, a rider flow that shares the uplink only of its own rack.
-    riders = [] if known else [j for j in fit.unplaced if fit.candidates.get(j)]
+    # the pairs could not place, a ping through the queue that fills only its own rack's uplink.
+    pingers = [] if known else [j for j in fit.unplaced if fit.candidates.get(j)]
     phases: list[dict[str, Any]] = []
-    rider_gbps: dict[int, dict[int, float]] = {j: {} for j in riders}
-    shares: dict[int, float] = {}
+    out_best = bandwidth_gbps.max(axis=1)
+    clear_us = clear_latency(latency_us)
+    # (group, pinger, echo, kind) -> the ping's one-way µs in each pass; kind: "out" from a
+    # blind rank to a rank outside the group, "in" to a spare member, "spare" from it out
+    passes: dict[tuple[int, int, int, str], list[float]] = {}
+    rate_full: dict[int, bool] = {}
     if len(set(provisional)) > 1:
         # Two passes over the racks, each rack's best kept: a burst of CPU work on a busy
         # host only ever makes a link look slower, while a contended uplink is slow in both
@@ -470,22 +511,41 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
         # 0.28 Gbit/s against the contended rack's 0.33 and was flagged with it.
         for g, members in [*enumerate(fit.groups)] * 2:
             rack = provisional[members[0]]
-            sink = _sink(provisional, rack, riders, bandwidth_gbps) if riders else None
-            flows = blast_flows(provisional, rack, riders if sink is not None else [], sink)
-            rates = _phase(comm, link, flows, cfg, f"rack {rack} egress") if flows else {}
-            blast = [v for (src, dst), v in rates.items() if src not in riders]
+            echo = _echo(provisional, rack, pingers, bandwidth_gbps, latency_us) if pingers else None
+            # a member to spare (two still send) answers pings from the inside and pings out itself
+            spare = members[-1] if echo is not None and len(members) >= 3 else None
+            quiet = [*pingers, *(e for e in (echo, spare) if e is not None)]
+            flows = blast_flows(provisional, rack, quiet)
+            kinds = {(j, echo): "out" for j in pingers if echo is not None}
+            if spare is not None:
+                kinds.update({(j, spare): "in" for j in pingers} | {(spare, echo): "spare"})
+            rates, waits = _phase(comm, link, flows, cfg, f"rack {rack} egress", list(kinds) if flows else [])
+            total = float(sum(rates.values()))
             if len(phases) == g:
-                phases.append({"rack": rack, "egress_gbps": 0.0, "flows": len(blast)})
-            phases[g]["egress_gbps"] = max(phases[g]["egress_gbps"], round(float(sum(blast)), 4))
-            shares[g] = phases[g]["egress_gbps"] / (len(blast) + 1) if blast else float("inf")
-            for j in riders:
-                if (j, sink) in rates:
-                    rider_gbps[j][g] = max(rider_gbps[j].get(g, 0.0), rates[j, sink])
+                phases.append({"rack": rack, "egress_gbps": 0.0, "flows": len(rates)})
+            phases[g]["egress_gbps"] = max(phases[g]["egress_gbps"], round(total, 4))
+            senders = {src for src, _ in rates}
+            # the members sent well below what their NICs carry alone: they share a link
+            rate_full[g] = rate_full.get(g, False) or bool(
+                senders and total < SHARP_RATIO * float(sum(out_best[i] for i in senders)))
+            for pair, us in waits.items():
+                passes.setdefault((g, *pair, kinds[pair]), []).append(us)
+        # A queue is there in both passes, a scheduling hiccup in one: the lower pass counts.
+        # The idle time is the lower of the pairs phase's and the blasts': a path that was
+        # clear once is not behind a queue of other traffic.
+        delays: dict[int, dict[int, dict[str, tuple[float, float]]]] = {j: {} for j in pingers}
+        full = dict(rate_full)
+        for (g, a, b, kind), values in passes.items():
+            ping = (min(values), float(min(latency_us[a, b] or np.inf, latency_us[b, a] or np.inf, *values)))
+            if kind == "spare":  # the spare member's own ping out shows whether the queue filled
+                full[g] = held(ping, clear_us, True) is True
+            else:
+                delays[a].setdefault(g, {})[kind] = ping
         # racks of blind ranks alone get no blast of their own: nothing clear to send
-        place_blind(fit, rider_gbps, shares)
+        place_blind(fit, delays, full, clear_us)
         racks = fit.racks()
     else:
-        racks = provisional
+        delays, racks = {}, provisional
     phase_seconds["blasts"] = round(time.time() - started_at - phase_seconds["pairs"], 3)
     # Phase g blasted group g: name it by its final rack. A rack of unplaced ranks alone had none.
     for g, p in enumerate(phases):
@@ -495,7 +555,8 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
     contention: dict[str, Any] = dict(classify_contention(bandwidth_gbps, racks, aggregates, hosts=hosts))
     contention["uplink_aggregates"] = phases
     confidence = fit.confidence()
-    confidence["riders_gbps"] = {str(j): {str(g): round(v, 4) for g, v in r.items()} for j, r in rider_gbps.items()}
+    confidence["pings_us"] = {str(j): {str(g): {k: [round(during, 1), round(idle, 1)] for k, (during, idle) in p.items()}
+                                       for g, p in d.items()} for j, d in delays.items()}
     confidence["phase_seconds"] = phase_seconds
     return ProbeResult(hosts=hosts, latency_us=latency_us, bandwidth_gbps=bandwidth_gbps, racks=racks,
                        contention=contention, rounds=len(rounds), started_at=started_at, confidence=confidence)

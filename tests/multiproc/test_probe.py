@@ -43,11 +43,11 @@ def test_a_blast_gives_every_rank_a_flow_and_no_more_than_the_larger_side_has():
     assert blast_flows([0, 0, 0], 0) == []
 
 
-def test_riders_send_only_to_the_quiet_sink():
-    racks = [0, 0, 1, 2, 2, 3]  # rank 2 and 5: unplaced riders, each a rack of its own so far
-    flows = blast_flows(racks, 0, riders=[2, 5], sink=4)
-    assert sorted(flows) == [(0, 3), (1, 3), (2, 4), (5, 4)]  # the sink receives from riders only
-    assert blast_flows([0, 1, 1], 0, riders=[], sink=2) == [(0, 1)]
+def test_quiet_ranks_neither_send_nor_receive_in_a_blast():
+    racks = [0, 0, 1, 2, 2, 3]  # rank 2 and 5: unplaced pingers, 4 the rank they ping
+    flows = blast_flows(racks, 0, quiet=[2, 5, 4])
+    assert sorted(flows) == [(0, 3), (1, 3)]
+    assert blast_flows([0, 1, 1], 0, quiet=[2]) == [(0, 1)]
 
 
 @pytest.mark.dist

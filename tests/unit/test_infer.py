@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from dssync.topology.infer import (
     classify_contention,
     fit_racks,
+    held,
     infer_racks,
     place_blind,
     renumber_racks,
@@ -268,30 +269,89 @@ def test_a_blind_rank_the_pairs_cannot_place_is_a_rack_of_its_own_and_named():
     assert conf["unplaced"] == [4] and not conf["confident"]
 
 
+QUEUE_US, IDLE_US, CLEAR_US = 1500.0, 100.0, 300.0
+
+
+def blast_pings(true_rack, group_racks, *, spare=True):
+    """What a blind rank's pings show in each group's blast, from where it really sits: a round
+    trip waits behind group g's uplink queue exactly when one end is in g's rack and the other
+    is not (the ping out from a member, the ping in from an outsider)."""
+    out = {}
+    for g, rack in enumerate(group_racks):
+        inside = true_rack == rack
+        out[g] = {"out": (QUEUE_US if inside else IDLE_US, IDLE_US)}
+        if spare:
+            out[g]["in"] = (IDLE_US if inside else QUEUE_US, IDLE_US)
+    return out
+
+
 @pytest.mark.parametrize("home", [0, 1, 2])
-def test_the_blast_that_holds_back_a_rider_places_it(home):
+@pytest.mark.parametrize("spare", [True, False])
+def test_the_blast_whose_queue_holds_a_blind_ranks_ping_places_it(home, spare):
     racks = layout([3, 3, 3])
     _, bw = matrices(racks, inter_gbps=0.5, noise=0.05, seed=8)
-    rider = {0: 1, 1: 4, 2: 7}[home]
-    slow_nic(bw, rider, 0.3)
+    blind = {0: 1, 1: 4, 2: 7}[home]
+    slow_nic(bw, blind, 0.3)
     fit = fit_racks(flat_latency(9), bw)
-    assert fit.unplaced == [rider]
-    rates = {g: 0.29 for g in fit.candidates[rider]}
-    rates[home] = 0.06  # it shared that rack's uplink with the blast
-    place_blind(fit, {rider: rates}, {g: 0.1 for g in rates})
+    assert fit.unplaced == [blind]
+    place_blind(fit, {blind: blast_pings(home, [0, 1, 2], spare=spare)}, {0: True, 1: True, 2: True}, CLEAR_US)
     assert fit.racks() == racks and fit.confidence()["confident"]
 
 
-def test_a_rider_no_blast_held_back_is_alone_only_if_every_blast_could_have():
+def test_a_blind_rank_no_queue_holds_is_alone_only_if_every_queue_was_full():
     racks = [0, 0, 0, 1, 2, 2, 2]  # rank 3 alone in its rack, with a slow NIC
     _, bw = matrices(racks, inter_gbps=0.5, noise=0.05, seed=9)
     slow_nic(bw, 3, 0.3)
     fit = fit_racks(flat_latency(7), bw)
+    assert fit.unplaced == [3] and fit.candidates[3] == [0, 1]
+    pings = blast_pings(1, [0, 2], spare=False)  # groups 0 and 1 are racks 0 and 2
+    place_blind(fit, {3: pings}, {0: True, 1: False}, CLEAR_US)  # group 1's blast filled no queue
     assert fit.unplaced == [3]
-    place_blind(fit, {3: {0: 0.29, 1: 0.3}}, {0: 0.1, 1: 0.2})  # group 1's share (0.2) is no test
-    assert fit.unplaced == [3]
-    place_blind(fit, {3: {0: 0.29, 1: 0.3}}, {0: 0.1, 1: 0.1})
+    place_blind(fit, {3: pings}, {0: True, 1: True}, CLEAR_US)
     assert fit.unplaced == [] and fit.racks() == racks
+
+
+def test_pings_already_behind_a_queue_at_rest_or_disagreeing_place_nobody():
+    racks = layout([3, 3, 3])
+    _, bw = matrices(racks, inter_gbps=0.5, noise=0.05, seed=8)
+    slow_nic(bw, 4, 0.3)
+    fit = fit_racks(flat_latency(9), bw)
+    full = {0: True, 1: True, 2: True}
+    queued = {g: {k: (QUEUE_US, QUEUE_US) for k in ("out", "in")} for g in range(3)}  # another job's queue
+    place_blind(fit, {4: queued}, full, CLEAR_US)
+    assert fit.unplaced == [4]
+    both = blast_pings(1, [0, 1, 2])
+    both[0] = {"out": (QUEUE_US, IDLE_US), "in": (IDLE_US, IDLE_US)}  # group 0 claims it too: no single home
+    place_blind(fit, {4: both}, full, CLEAR_US)
+    assert fit.unplaced == [4]
+    torn = blast_pings(1, [0, 1, 2])
+    torn[1]["in"] = (QUEUE_US, IDLE_US)  # in says outsider, out says member
+    torn[0]["out"] = torn[2]["out"] = (IDLE_US, IDLE_US)
+    place_blind(fit, {4: torn}, full, CLEAR_US)
+    assert fit.unplaced == [4]
+
+
+def test_held_needs_a_clear_idle_ping_and_a_real_wait():
+    assert held((1500.0, 100.0), 300.0, True) is True
+    assert held((250.0, 60.0), 300.0, True) is False  # 4x its idle time, but still clear
+    assert held((150.0, 100.0), 300.0, False) is None  # did not wait, but no queue was known full
+    assert held((2500.0, 1500.0), 300.0, True) is None  # behind another queue at rest already
+    assert held(None, 300.0, True) is None
+
+
+def test_a_blind_ranks_pings_that_wait_rule_out_the_group_behind_the_queue():
+    racks = [0, 0, 0, 1, 1, 1, 2, 2]  # rank 2: slow NIC, in rack 0; rack 1's uplink queue is full
+    _, bw = matrices(racks, inter_gbps=0.5, noise=0.05, seed=4)
+    slow_nic(bw, 2, 0.3)
+    lat = np.full((8, 8), 80.0)
+    rack1 = [3, 4, 5]
+    for i in rack1:
+        for k in range(8):
+            if k not in rack1:
+                lat[i, k] = lat[k, i] = 2000.0
+    np.fill_diagonal(lat, 0.0)
+    fit = fit_racks(lat, bw)
+    assert 2 in fit.blind and 1 not in fit.candidates.get(2, [1])
 
 
 def test_a_slow_nic_in_a_rack_of_two_beside_a_slow_uplink():
