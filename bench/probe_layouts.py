@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Layout", "generate", "probe_layout", "run_layouts", "score", "summarize"]
+__all__ = ["Layout", "equivalent", "fair_rates", "generate", "probe_layout", "run_layouts", "score", "summarize"]
 
 SLOW_RATES_MBIT = (150, 200, 250, 300, 400)  # against 1 Gbit/s NICs and uplinks
 
@@ -108,6 +108,90 @@ def generate(count: int, seed: int = 0, *, max_workers: int = 9) -> list[Layout]
     return [_draw(rng, max_workers) for _ in range(count)]
 
 
+def fair_rates(flows: Sequence[Sequence[Any]], capacity: dict[Any, float]) -> list[float]:
+    """Max-min fair rates of ``flows`` (each a list of the links it crosses) by progressive
+    filling: the link with the smallest fair share is filled first and its flows frozen. A
+    link not in ``capacity`` is unlimited; a flow crossing no limited link gets ``inf``."""
+    rates = [float("inf")] * len(flows)
+    active = set(range(len(flows)))
+    left = dict(capacity)
+    while active:
+        shares = {}
+        for link, cap in left.items():
+            users = [f for f in active if link in flows[f]]
+            if users:
+                shares[link] = (max(cap, 0.0) / len(users), users)
+        if not shares:
+            break
+        share, users = min(shares.values(), key=lambda item: item[0])
+        for f in users:
+            rates[f] = share
+            active.discard(f)
+            for link in flows[f]:
+                if link in left:
+                    left[link] -= share
+    return rates
+
+
+def _network(layout: Layout, racks: Sequence[int]) -> tuple[dict[Any, float], Callable[[int, int], list[Any]], list[list[Any]]]:
+    """The layout's links (Gbit/s) with ``racks`` as the racks: capacities, the path of a flow
+    between two workers, and the background flows. A rack of ``racks`` spanning several of
+    the layout's racks gets the slowest of their uplinks and all of their background."""
+    def rate(text: str) -> float:
+        from dssync.launch.emulate import parse_rate
+        return parse_rate(text) / 1e9
+
+    true = layout.racks
+    n = len(true)
+    cap: dict[Any, float] = {}
+    for i in range(n):
+        cap["nic-out", i] = cap["nic-in", i] = rate(layout.slow_nics[i]) if i in layout.slow_nics else 1.0
+    for g in set(racks):
+        spans = {true[i] for i in range(n) if racks[i] == g}
+        up = min(rate(layout.slow_uplinks[r]) if r in layout.slow_uplinks else 1.0 for r in spans)
+        cap["up-out", g] = cap["up-in", g] = up
+
+    def path(i: int, j: int) -> list[Any]:
+        links: list[Any] = [("nic-out", i), ("nic-in", j)]
+        return links + ([("up-out", racks[i]), ("up-in", racks[j])] if racks[i] != racks[j] else [])
+
+    background: list[list[Any]] = []
+    for r in layout.uplink_flows:  # from the rack's own traffic host, out through its uplink
+        home = max(set(racks), key=lambda g: sum(racks[i] == g and true[i] == r for i in range(n)))
+        background += [[("up-out", home)]] * 8
+    for i in layout.nic_flows:
+        background += [[("nic-out", i), ("up-out", racks[i])]] * 2
+    return cap, path, background
+
+
+def equivalent(layout: Layout, found: Sequence[int], ratio: float = 0.6) -> bool:
+    """Whether ``found`` racks predict what ``layout``'s own racks do for every flow of every
+    pattern a probe could send: each single flow, each two flows at once, and each rack's
+    egress blast of either partition (max-min fair rates, background flows included), to
+    within ``ratio``. Racks that no such pattern tells apart are not a fact of the network:
+    a rack of one behind an uplink as fast as its NIC, say, acts like a host on the spine."""
+    true = layout.racks
+    n = len(true)
+    nets = [_network(layout, true), _network(layout, found)]
+    pairs = [(i, j) for i in range(n) for j in range(n) if i != j]
+    patterns: list[list[tuple[int, int]]] = [[p] for p in pairs]
+    patterns += [[a, b] for k, a in enumerate(pairs) for b in pairs[k + 1:] if a[0] != b[0] and a[1] != b[1]]
+    for racks in (true, found):
+        for g in set(racks):
+            inside = [i for i in range(n) if racks[i] == g]
+            outside = [i for i in range(n) if racks[i] != g]
+            if inside and outside:
+                patterns.append([(inside[k % len(inside)], outside[k % len(outside)])
+                                 for k in range(max(len(inside), len(outside)))])
+    for flows in patterns:
+        got = []
+        for cap, path, background in nets:
+            got.append(fair_rates([path(i, j) for i, j in flows] + background, cap)[:len(flows)])
+        if any(min(a, b) < ratio * max(a, b) for a, b in zip(*got, strict=True)):
+            return False
+    return True
+
+
 def _same_partition(found: Sequence[int], truth: Sequence[int]) -> bool:
     return len(found) == len(truth) and len(set(zip(found, truth, strict=True))) == len(set(found)) == len(set(truth))
 
@@ -116,6 +200,7 @@ def score(layout: Layout, topology: dict[str, Any]) -> dict[str, Any]:
     """What the probe got right on ``layout``, from the topology.json it wrote."""
     found = [w["rack"] for w in topology["workers"]]
     racks_exact = _same_partition(found, layout.racks)
+    racks_equivalent = racks_exact or equivalent(layout, found)
     # Uplink flags are judged per rack of the layout: the rack whose uplink was flagged is the
     # rack the flagged rack's members belong to (only meaningful when the racks are exact).
     flagged_up = sorted({layout.racks[i] for u in topology["contention"]["uplinks"]
@@ -125,10 +210,11 @@ def score(layout: Layout, topology: dict[str, Any]) -> dict[str, Any]:
     conf = topology.get("confidence", {})
     return {
         "layout": layout.describe(), "spec": asdict(layout), "racks_found": found,
-        "racks_exact": racks_exact,
+        "racks_exact": racks_exact, "racks_equivalent": racks_equivalent,
         "unplaced": conf.get("unplaced", []),
         "confident": bool(conf.get("confident", True)),
         "wrong_with_confidence": (not racks_exact) and bool(conf.get("confident", True)),
+        "telling_wrong_with_confidence": (not racks_equivalent) and bool(conf.get("confident", True)),
         "uplinks_found": flagged_up, "uplinks_true": want_up, "uplinks_exact": flagged_up == want_up,
         "nics_found": flagged_nic, "nics_true": want_nic, "nics_exact": flagged_nic == want_nic,
         "flags_true_positive": len(set(flagged_up or []) & set(want_up)) + len(set(flagged_nic) & set(want_nic)),
@@ -147,8 +233,11 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {
         "layouts": len(rows),
         "racks_exact": sum(r["racks_exact"] for r in rows),
+        "racks_equivalent": sum(r.get("racks_equivalent", r["racks_exact"]) for r in rows),
         "flags_exact": sum(bool(r["uplinks_exact"]) and r["nics_exact"] for r in rows),
         "wrong_with_confidence": sum(r["wrong_with_confidence"] for r in rows),
+        "telling_wrong_with_confidence": sum(r.get("telling_wrong_with_confidence", r["wrong_with_confidence"])
+                                             for r in rows),
         "flag_precision": tp / reported if reported else 1.0,
         "flag_recall": tp / true if true else 1.0,
         "probe_seconds_median": sorted(seconds)[len(seconds) // 2],

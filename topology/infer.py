@@ -300,9 +300,10 @@ def _rule_out_by_queue(fit: RackFit, lat: np.ndarray) -> None:
     """A blind rank's candidate groups narrowed by queues that other traffic keeps full.
 
     A slow NIC does not slow a small message, so a blind rank's pings still show its paths.
-    If its pings to one group's members are clear (median latency at most
-    ``clear_latency``) and to another group's members wait, a full queue sits on its paths
-    to the second group and none on its paths to the first. Its NIC is then not queued (the
+    If its pings to some member of one group are clear (latency at most ``clear_latency``)
+    and to every member of another group wait, a full queue sits on its paths to the second
+    group and none on its paths to the first (the fastest ping, because a busy host only
+    ever delays one, and a member whose own NIC is queued does not speak for its rack). Its NIC is then not queued (the
     clear pings pass it), and a rack-mate's path crosses nothing else, so it is not in the
     second group. (Whether it is in the first, or on a rack of its own with the queue at the
     second group's uplink, pings at rest cannot say; the blasts' pings do.)
@@ -314,7 +315,7 @@ def _rule_out_by_queue(fit: RackFit, lat: np.ndarray) -> None:
     for j in fit.blind:
         if j in fit.placed or not fit.candidates.get(j):
             continue
-        typical = [float(np.median([sym[j, k] for k in members])) for members in fit.groups]
+        typical = [float(min(sym[j, k] for k in members)) for members in fit.groups]
         if any(t <= clear for t in typical):
             waits = [g for g, t in enumerate(typical) if t > clear]
             fit.candidates[j] = [g for g in fit.candidates[j] if g not in waits]

@@ -512,8 +512,10 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
         for g, members in [*enumerate(fit.groups)] * 2:
             rack = provisional[members[0]]
             echo = _echo(provisional, rack, pingers, bandwidth_gbps, latency_us) if pingers else None
-            # a member to spare (two still send) answers pings from the inside and pings out itself
-            spare = members[-1] if echo is not None and len(members) >= 3 else None
+            # a member to spare (two still send), the one the pingers reach fastest at rest,
+            # answers pings from the inside and pings out itself
+            spare = (min(members, key=lambda i: (sum(latency_us[i, j] + latency_us[j, i] for j in pingers), i))
+                     if echo is not None and len(members) >= 3 else None)
             quiet = [*pingers, *(e for e in (echo, spare) if e is not None)]
             flows = blast_flows(provisional, rack, quiet)
             kinds = {(j, echo): "out" for j in pingers if echo is not None}

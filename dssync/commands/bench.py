@@ -530,14 +530,17 @@ def run_probe_layouts(args: argparse.Namespace) -> int:
         table.add_column(col, justify="right" if col in ("#", "probe s") else "left")
     for k, row in enumerate(result["rows"]):
         racks = "exact" if row["racks_exact"] else (
-            f"WRONG {row['racks_found']}" + (" (confident)" if row["wrong_with_confidence"] else " (unsure)"))
+            ("equivalent" if row["racks_equivalent"] else "WRONG") + f" {row['racks_found']}"
+            + (" (confident)" if row["wrong_with_confidence"] else " (unsure)"))
         table.add_row(str(k), row["layout"], racks, f"{row['uplinks_found']}/{row['uplinks_true']}",
                       f"{row['nics_found']}/{row['nics_true']}", str(row["unplaced"] or "-"),
                       f"{row['probe_seconds']:.1f}")
     console.print(table)
     s = result["summary"]
-    console.print(f"racks exact {s['racks_exact']}/{s['layouts']}, flags exact {s['flags_exact']}/{s['layouts']}, "
-                  f"wrong racks reported with confidence {s['wrong_with_confidence']}, flag precision "
+    console.print(f"racks exact {s['racks_exact']}/{s['layouts']} (equivalent: no flow pattern tells them apart, "
+                  f"{s['racks_equivalent']}/{s['layouts']}), flags exact {s['flags_exact']}/{s['layouts']}, "
+                  f"wrong racks reported with confidence {s['wrong_with_confidence']} (of them telling apart "
+                  f"{s['telling_wrong_with_confidence']}), flag precision "
                   f"{s['flag_precision']:.3f} recall {s['flag_recall']:.3f}, probe time median "
                   f"{s['probe_seconds_median']:.1f} s max {s['probe_seconds_max']:.1f} s")
     if args.json:
