@@ -124,6 +124,9 @@ class RackFit:
     evidence: dict[int, str] = field(default_factory=dict)
     margins: dict[int, float] = field(default_factory=dict)  # clear rank -> separation from the next group
     metric: str = "none"
+    #: blind ranks placed only because every other group was ruled out: a rack of their own
+    #: was never ruled out, so the probe's pings test them again, and until then they are unsure
+    tentative: list[int] = field(default_factory=list)
 
     @property
     def unplaced(self) -> list[int]:
@@ -156,7 +159,8 @@ class RackFit:
                 boundaries.append({"racks": [by_group[a], by_group[b]],
                                    "separation": round(sep, 3) if np.isfinite(sep) else None,
                                    "confident": bool(sep >= CONFIDENT_MARGIN)})
-        unsure = sorted(i for i, m in self.margins.items() if m < CONFIDENT_MARGIN and len(self.groups) > 1)
+        unsure = sorted({i for i, m in self.margins.items() if m < CONFIDENT_MARGIN and len(self.groups) > 1}
+                        | set(self.tentative))
         return {
             "metric": self.metric,
             "threshold": CONFIDENT_MARGIN,
@@ -253,8 +257,15 @@ def fit_racks(
     clear = [i for i in range(n) if i not in blind]
     if len(clear) < 2:  # nothing clear to cluster on: bandwidth says nothing
         blind, clear = [], list(range(n))
+    # A rank whose pings to everyone wait sits behind a queue of its own (its NIC shared with
+    # another job's flows): that is no rack boundary, so latency clusters the others only.
+    sym_lat = (lat + lat.T) / 2.0 + np.diag(np.full(n, np.inf))
+    queued = [i for i in range(n) if sym_lat[i].min() > clear_latency(lat)]
+    lat_ranks = [i for i in range(n) if i not in queued] if n - len(queued) >= 2 else list(range(n))
+    lat_sub = np.ix_(lat_ranks, lat_ranks)
     choices: list[tuple[str, list[int], np.ndarray | None]] = [
-        ("latency", list(range(n)), _with_profile(_ratio_to_nearest(lat), np.ones_like(lat, dtype=bool), gap))]
+        ("latency", lat_ranks, _with_profile(_ratio_to_nearest(lat[lat_sub]), np.ones((len(lat_ranks),) * 2, dtype=bool),
+                                             gap))]
     if bw is not None:
         cost, known = _bandwidth_cost(bw, slow_ratio)
         sub = np.ix_(clear, clear)
@@ -269,7 +280,7 @@ def fit_racks(
     else:
         metric, ranks, dist, labels = "none", clear, None, [0] * len(clear)
     if metric == "latency":
-        blind = []  # latency does not see NIC rates: every rank was clustered
+        blind = [i for i in range(n) if i not in ranks]  # latency does not see NIC rates, only queues
     groups_by_label: dict[int, list[int]] = {}
     for rank, label in zip(ranks, labels, strict=True):
         groups_by_label.setdefault(label, []).append(rank)
@@ -284,7 +295,7 @@ def fit_racks(
         _rule_out_by_queue(fit, lat)
         lat_choice = choices[0]
         if metric == "bandwidth" and lat_choice in informative:
-            _place_by_latency(fit, _cluster(lat_choice[2], gap))
+            _place_by_latency(fit, dict(zip(lat_choice[1], _cluster(lat_choice[2], gap), strict=True)))
     return fit
 
 
@@ -323,17 +334,18 @@ def _rule_out_by_queue(fit: RackFit, lat: np.ndarray) -> None:
                 fit.evidence[j] = "latency: its pings to group(s) " + ", ".join(map(str, waits)) + " wait in a queue"
 
 
-def _place_by_latency(fit: RackFit, lat_labels: list[int]) -> None:
+def _place_by_latency(fit: RackFit, lat_labels: dict[int, int]) -> None:
     """Where latency separates racks the same way bandwidth does on the clear ranks, it
-    places the blind ranks too (a slow NIC does not slow a small message)."""
+    places the blind ranks too (a slow NIC does not slow a small message). ``lat_labels``:
+    the latency cluster of each rank it clustered (not those behind a queue of their own)."""
     label_of = {}
     for g, members in enumerate(fit.groups):
-        labels = {lat_labels[i] for i in members}
-        if len(labels) != 1 or labels & set(label_of):
+        labels = {lat_labels.get(i) for i in members}
+        if len(labels) != 1 or None in labels or labels & set(label_of):
             return  # latency disagrees with bandwidth: it does not speak for the blind ranks
         label_of[labels.pop()] = g
     for j in fit.blind:
-        if j not in fit.placed:
+        if j not in fit.placed and j in lat_labels:
             fit.placed[j] = label_of.get(lat_labels[j])
             fit.evidence[j] = "latency" if fit.placed[j] is not None else "latency: apart from every rack"
 
@@ -373,6 +385,7 @@ def _rule_out(fit: RackFit, bw: np.ndarray, hosts: Sequence[str] | None) -> None
         fit.candidates[j] = left
         if len(left) == 1 and len(fit.groups) > 1:
             fit.placed[j] = left[0]
+            fit.tentative.append(j)
             fit.evidence[j] = "its flows to every other rack crossed an uplink"
     # Blind ranks whose flows crossed an uplink to every clear rack sit in racks of blind ranks
     # only: those whose flows to each other crossed nothing are one rack.
@@ -430,7 +443,7 @@ def place_blind(fit: RackFit, delays: dict[int, dict[int, dict[str, tuple[float,
     """
     alone = []
     for j in fit.blind:
-        if j in fit.placed or not delays.get(j):
+        if (j in fit.placed and j not in fit.tentative) or not delays.get(j):
             continue
         verdicts: dict[int, bool | None] = {}
         for g in fit.candidates.get(j, []):
@@ -442,11 +455,13 @@ def place_blind(fit: RackFit, delays: dict[int, dict[int, dict[str, tuple[float,
         inside_of = [g for g, v in verdicts.items() if v is True]
         if len(inside_of) == 1:
             fit.placed[j] = inside_of[0]
+            fit.tentative = [k for k in fit.tentative if k != j]
             fit.evidence[j] = f"its pings crossed group {inside_of[0]}'s uplink queue as a member's do"
         elif verdicts and all(v is False for v in verdicts.values()):
             alone.append(j)
     if len(alone) == 1:
         fit.placed[alone[0]] = None
+        fit.tentative = [k for k in fit.tentative if k != alone[0]]
         fit.evidence[alone[0]] = "its pings crossed every rack's uplink queue as an outsider's do"
     return fit
 

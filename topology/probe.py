@@ -496,7 +496,7 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
     # Egress blasts, one per rack: its uplink with all of its members sending across at once
     # (the paper's contended uplink only shows when a whole rack talks), and, for every rank
     # the pairs could not place, a ping through the queue that fills only its own rack's uplink.
-    pingers = [] if known else [j for j in fit.unplaced if fit.candidates.get(j)]
+    pingers = [] if known else [j for j in [*fit.unplaced, *fit.tentative] if fit.candidates.get(j)]
     phases: list[dict[str, Any]] = []
     out_best = bandwidth_gbps.max(axis=1)
     clear_us = clear_latency(latency_us)

@@ -50,3 +50,23 @@ def test_probe_finds_the_racks_and_exactly_the_contended_links(case, name, tmp_p
     assert [u["rack"] for u in topo["contention"]["uplinks"]] == slow_uplinks, out.read_text()
     assert [n["rank"] for n in topo["contention"]["nics"]] == slow_nics, topo["contention"]
     assert topo["probe"]["rounds"] == (sum(sizes) - 1 if sum(sizes) % 2 == 0 else sum(sizes))
+
+
+GENERATED_SEED = 2026  # three layouts drawn by `dssync bench probe-layouts --seed 2026`
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_probe_on_generated_layouts_is_right_or_says_it_is_unsure(index, name):
+    """Generated layouts (bench/probe_layouts.py): the racks found are the network that was
+    built (or one that no flow pattern tells from it), or the probe says it is unsure and
+    names the workers; every slow or shared NIC is flagged."""
+    from dssync.bench.probe_layouts import generate, probe_layout, score
+
+    layout = generate(3, seed=GENERATED_SEED)[index]
+    topo = probe_layout(layout, name=name, timeout_s=240)
+    row = score(layout, topo)
+    conf = topo["confidence"]
+    assert row["racks_equivalent"] or not conf["confident"], (layout.describe(), json.dumps(topo))
+    if not conf["confident"]:
+        assert conf["unplaced"] or conf["unsure"] or not all(b["confident"] for b in conf["boundaries"]), conf
+    assert set(layout.contended_nics) <= set(row["nics_found"]), (layout.describe(), topo["contention"])

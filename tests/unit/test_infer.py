@@ -393,3 +393,18 @@ def test_confidence_names_each_boundary_and_falls_with_the_separation():
     blurred = fit_racks(flat_latency(8), dull).confidence()
     if blurred["boundaries"]:  # still split: then less sure than the sharp matrix
         assert blurred["boundaries"][0]["separation"] < conf["boundaries"][0]["separation"]
+
+
+def test_a_rank_behind_a_queue_of_its_own_is_no_latency_rack_boundary():
+    """Racks 2,3 told apart by distance (latency), and rank 3's NIC shared with another job's
+    flows: every ping of it waits in that queue. It is left out of the clustering and named,
+    not made a rack boundary that splits the others."""
+    racks = [0, 0, 1, 1, 1]
+    lat = np.where(np.equal.outer(racks, racks), 80.0, 400.0)
+    lat[3, :] = lat[:, 3] = 1300.0
+    np.fill_diagonal(lat, 0.0)
+    fit = fit_racks(lat)
+    assert fit.metric == "latency" and fit.unplaced == [3]
+    found = fit.racks()
+    assert found[0] == found[1] and found[2] == found[4] and len({found[0], found[2], found[3]}) == 3
+    assert not fit.confidence()["confident"]
