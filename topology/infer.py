@@ -409,13 +409,13 @@ def held(ping: tuple[float, float] | None, clear_us: float, full: bool) -> bool 
     """Whether a ping ``(during, idle)`` waited behind a blast's queue (µs one way): it was
     clear at rest (at most ``clear_us``) and not during the blast (above both ``clear_us``
     and ``DELAY_RATIO`` times its idle time). ``None`` when the ping cannot tell: none was
-    sent, it was behind a queue of other traffic at rest already, or it did not wait while
-    the blast's queue was not known to be ``full``."""
-    if ping is None or not 0 < ping[1] <= clear_us:
+    sent, it was behind a queue of other traffic at rest already, or the blast's queue was
+    not known to be ``full`` (then a wait may be another queue's: another job's flows
+    across an uplink now and then drain its queue, so one fast ping at rest proves little,
+    and a blast that its receivers hold back fills no queue at its own uplink)."""
+    if ping is None or not full or not 0 < ping[1] <= clear_us:
         return None
-    if ping[0] > max(clear_us, DELAY_RATIO * ping[1]):
-        return True
-    return False if full else None
+    return bool(ping[0] > max(clear_us, DELAY_RATIO * ping[1]))
 
 
 def place_blind(fit: RackFit, delays: dict[int, dict[int, dict[str, tuple[float, float]]]],
