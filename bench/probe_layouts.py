@@ -159,8 +159,8 @@ def _network(layout: Layout, racks: Sequence[int]) -> tuple[dict[Any, float], Ca
     for r in layout.uplink_flows:  # from the rack's own traffic host, out through its uplink
         home = max(set(racks), key=lambda g: sum(racks[i] == g and true[i] == r for i in range(n)))
         background += [[("up-out", home)]] * 8
-    for i in layout.nic_flows:
-        background += [[("nic-out", i), ("up-out", racks[i])]] * 2
+    for i in layout.nic_flows:  # to its rack's traffic host: through its NIC, not the uplink
+        background += [[("nic-out", i)]] * 2
     return cap, path, background
 
 

@@ -279,6 +279,11 @@ def fit_racks(
         labels = _cluster(dist, gap)
     else:
         metric, ranks, dist, labels = "none", clear, None, [0] * len(clear)
+    if metric == "latency" and blind and not _far_apart(lat, ranks, labels, clear):
+        # Bandwidth saw slow NICs and one rack of clear ranks. Latency may split those only by
+        # a gap no busy host or half-drained queue makes: on a 3,1 layout whose rack 0 carried
+        # another job's flows, pings of 80 against 130 us split its three workers.
+        metric, ranks, dist, labels = "bandwidth", clear, None, [0] * len(clear)
     if metric == "latency":
         blind = [i for i in range(n) if i not in ranks]  # latency does not see NIC rates, only queues
     groups_by_label: dict[int, list[int]] = {}
@@ -297,6 +302,15 @@ def fit_racks(
         if metric == "bandwidth" and lat_choice in informative:
             _place_by_latency(fit, dict(zip(lat_choice[1], _cluster(lat_choice[2], gap), strict=True)))
     return fit
+
+
+def _far_apart(lat: np.ndarray, ranks: list[int], labels: list[int], among: list[int]) -> bool:
+    """Whether the latency clusters ``labels`` (of ``ranks``) keep every two of the ``among``
+    ranks they separate at least ``clear_latency`` apart, in both directions."""
+    label = dict(zip(ranks, labels, strict=True))
+    both = np.minimum(lat, lat.T)
+    cross = [both[i, k] for i in among for k in among if i < k and label.get(i) != label.get(k)]
+    return bool(cross) and min(cross) > clear_latency(lat)
 
 
 def clear_latency(latency_us: np.ndarray) -> float:

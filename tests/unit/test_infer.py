@@ -409,3 +409,14 @@ def test_a_rank_behind_a_queue_of_its_own_is_no_latency_rack_boundary():
     found = fit.racks()
     assert found[0] == found[1] and found[2] == found[4] and len({found[0], found[2], found[3]}) == 3
     assert not fit.confidence()["confident"]
+
+
+def test_latency_noise_does_not_split_the_one_rack_bandwidth_saw():
+    """Racks 3,1 with a slow NIC on the rack of one: bandwidth sees one rack of clear workers
+    and a blind one. Pings of 80 against 130 us (a busy host) are no rack boundary."""
+    _, bw = matrices([0, 0, 0, 1], inter_gbps=0.95, seed=1)
+    slow_nic(bw, 3, 0.2)
+    lat = np.array([[0, 84, 77, 129], [84, 0, 133, 91], [76, 130, 0, 2807], [905, 773, 2480, 0]], dtype=float)
+    fit = fit_racks(lat, bw)
+    found = fit.racks()
+    assert found[0] == found[1] == found[2] and fit.blind == [3]
