@@ -137,8 +137,9 @@ def _network(layout: Layout, racks: Sequence[int]) -> tuple[dict[Any, float], Ca
     """The layout's links (Gbit/s) with ``racks`` as the racks: capacities, the path of a flow
     between two workers, and the background flows. A rack of ``racks`` spanning several of
     the layout's racks gets the slowest of their uplinks and all of their background."""
+    from dssync.launch.emulate import parse_rate
+
     def rate(text: str) -> float:
-        from dssync.launch.emulate import parse_rate
         return parse_rate(text) / 1e9
 
     true = layout.racks

@@ -34,6 +34,12 @@ def _square(name: str, value: Any, n: int | None = None) -> np.ndarray:
     return arr
 
 
+def _nearest(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``cost`` symmetrised, and each rank's smallest cost to any other rank."""
+    sym = (cost + cost.T) / 2.0
+    return sym, (sym + np.diag(np.full(len(sym), np.inf))).min(axis=1)
+
+
 def _ratio_to_nearest(cost: np.ndarray) -> np.ndarray | None:
     """Symmetrised ``cost`` divided by the typical nearest-neighbour cost (``None``: unusable).
 
@@ -41,9 +47,8 @@ def _ratio_to_nearest(cost: np.ndarray) -> np.ndarray | None:
     rack of two or more, a rank's nearest neighbour is a rack-mate, so this is the intra-rack
     level, whatever the absolute numbers (loopback, 1 GbE, InfiniBand).
     """
-    sym = (cost + cost.T) / 2.0
-    off = sym + np.diag(np.full(len(sym), np.inf))
-    base = float(np.median(off.min(axis=1)))
+    sym, nearest = _nearest(cost)
+    base = float(np.median(nearest))
     if not np.isfinite(base) or base <= 0:
         return None
     out = sym / base
@@ -126,7 +131,7 @@ class RackFit:
     metric: str = "none"
     #: blind ranks placed only because every other group was ruled out: a rack of their own
     #: was never ruled out, so the probe's pings test them again, and until then they are unsure
-    tentative: list[int] = field(default_factory=list)
+    tentative: set[int] = field(default_factory=set)
 
     @property
     def unplaced(self) -> list[int]:
@@ -160,7 +165,7 @@ class RackFit:
                                    "separation": round(sep, 3) if np.isfinite(sep) else None,
                                    "confident": bool(sep >= CONFIDENT_MARGIN)})
         unsure = sorted({i for i, m in self.margins.items() if m < CONFIDENT_MARGIN and len(self.groups) > 1}
-                        | set(self.tentative))
+                        | self.tentative)
         return {
             "metric": self.metric,
             "threshold": CONFIDENT_MARGIN,
@@ -259,8 +264,8 @@ def fit_racks(
         blind, clear = [], list(range(n))
     # A rank whose pings to everyone wait sits behind a queue of its own (its NIC shared with
     # another job's flows): that is no rack boundary, so latency clusters the others only.
-    sym_lat = (lat + lat.T) / 2.0 + np.diag(np.full(n, np.inf))
-    queued = [i for i in range(n) if sym_lat[i].min() > clear_latency(lat)]
+    clear_us = clear_latency(lat)
+    queued = np.flatnonzero(_nearest(lat)[1] > clear_us).tolist()
     lat_ranks = [i for i in range(n) if i not in queued] if n - len(queued) >= 2 else list(range(n))
     lat_sub = np.ix_(lat_ranks, lat_ranks)
     choices: list[tuple[str, list[int], np.ndarray | None]] = [
@@ -279,7 +284,7 @@ def fit_racks(
         labels = _cluster(dist, gap)
     else:
         metric, ranks, dist, labels = "none", clear, None, [0] * len(clear)
-    if metric == "latency" and blind and not _far_apart(lat, ranks, labels, clear):
+    if metric == "latency" and blind and not _far_apart(lat, ranks, labels, clear, clear_us):
         # Bandwidth saw slow NICs and one rack of clear ranks. Latency may split those only by
         # a gap no busy host or half-drained queue makes: on a 3,1 layout whose rack 0 carried
         # another job's flows, pings of 80 against 130 us split its three workers.
@@ -297,52 +302,49 @@ def fit_racks(
         fit.margins = _margins(dist, ranks, fit.groups)
     if bw is not None and blind:
         _rule_out(fit, bw, hosts)
-        _rule_out_by_queue(fit, lat)
+        _rule_out_by_queue(fit, lat, clear_us)
         lat_choice = choices[0]
         if metric == "bandwidth" and lat_choice in informative:
             _place_by_latency(fit, dict(zip(lat_choice[1], _cluster(lat_choice[2], gap), strict=True)))
     return fit
 
 
-def _far_apart(lat: np.ndarray, ranks: list[int], labels: list[int], among: list[int]) -> bool:
+def _far_apart(lat: np.ndarray, ranks: list[int], labels: list[int], among: list[int], clear_us: float) -> bool:
     """Whether the latency clusters ``labels`` (of ``ranks``) keep every two of the ``among``
-    ranks they separate at least ``clear_latency`` apart, in both directions."""
+    ranks they separate more than ``clear_us`` apart, in both directions."""
     label = dict(zip(ranks, labels, strict=True))
     both = np.minimum(lat, lat.T)
     cross = [both[i, k] for i in among for k in among if i < k and label.get(i) != label.get(k)]
-    return bool(cross) and min(cross) > clear_latency(lat)
+    return bool(cross) and min(cross) > clear_us
 
 
 def clear_latency(latency_us: np.ndarray) -> float:
     """One-way µs up to which a path is clear (no queue on it): ``DELAY_RATIO`` times the
     median rank's nearest-neighbour latency."""
-    sym = (latency_us + latency_us.T) / 2.0
-    off = sym + np.diag(np.full(len(sym), np.inf))
-    return DELAY_RATIO * float(np.median(off.min(axis=1)))
+    return DELAY_RATIO * float(np.median(_nearest(latency_us)[1]))
 
 
-def _rule_out_by_queue(fit: RackFit, lat: np.ndarray) -> None:
+def _rule_out_by_queue(fit: RackFit, lat: np.ndarray, clear_us: float) -> None:
     """A blind rank's candidate groups narrowed by queues that other traffic keeps full.
 
     A slow NIC does not slow a small message, so a blind rank's pings still show its paths.
-    If its pings to some member of one group are clear (latency at most ``clear_latency``)
-    and to every member of another group wait, a full queue sits on its paths to the second
-    group and none on its paths to the first (the fastest ping, because a busy host only
-    ever delays one, and a member whose own NIC is queued does not speak for its rack). Its NIC is then not queued (the
-    clear pings pass it), and a rack-mate's path crosses nothing else, so it is not in the
-    second group. (Whether it is in the first, or on a rack of its own with the queue at the
+    If its pings to some member of one group are clear (latency at most ``clear_us``) and to
+    every member of another group wait, a full queue sits on its paths to the second group
+    and none on its paths to the first (the fastest ping counts, because a busy host only
+    ever delays one, and a member whose own NIC is queued does not speak for its rack). Its
+    NIC is then not queued (the clear pings pass it), and a rack-mate's path crosses nothing
+    else, so it is not in the second group. (Whether it is in the first, or on a rack of its own with the queue at the
     second group's uplink, pings at rest cannot say; the blasts' pings do.)
     """
     if len(fit.groups) < 2:
         return
-    sym = (lat + lat.T) / 2.0
-    clear = clear_latency(lat)
+    sym = _nearest(lat)[0]
     for j in fit.blind:
         if j in fit.placed or not fit.candidates.get(j):
             continue
         typical = [float(min(sym[j, k] for k in members)) for members in fit.groups]
-        if any(t <= clear for t in typical):
-            waits = [g for g, t in enumerate(typical) if t > clear]
+        if any(t <= clear_us for t in typical):
+            waits = [g for g, t in enumerate(typical) if t > clear_us]
             fit.candidates[j] = [g for g in fit.candidates[j] if g not in waits]
             if waits:
                 fit.evidence[j] = "latency: its pings to group(s) " + ", ".join(map(str, waits)) + " wait in a queue"
@@ -399,7 +401,7 @@ def _rule_out(fit: RackFit, bw: np.ndarray, hosts: Sequence[str] | None) -> None
         fit.candidates[j] = left
         if len(left) == 1 and len(fit.groups) > 1:
             fit.placed[j] = left[0]
-            fit.tentative.append(j)
+            fit.tentative.add(j)
             fit.evidence[j] = "its flows to every other rack crossed an uplink"
     # Blind ranks whose flows crossed an uplink to every clear rack sit in racks of blind ranks
     # only: those whose flows to each other crossed nothing are one rack.
@@ -440,18 +442,17 @@ def place_blind(fit: RackFit, delays: dict[int, dict[int, dict[str, tuple[float,
     at ``g``'s uplink, the link they all share (``full[g]``: it did). Every undecided blind
     rank meanwhile pings, with small messages, a quiet rank outside ``g`` (``"out"``) and,
     where ``g`` has a member to spare, a quiet member of ``g`` (``"in"``): ``delays[j][g][k]``
-    is ``(fastest one-way µs during the blast, fastest one-way µs between the same ranks in
-    the pairs phase)``. A round trip crosses ``g``'s uplink queue outwards exactly when one
+    is ``(one-way µs during the blast, its lower quartile; one-way µs between the same ranks
+    at rest, the fastest)``. A round trip crosses ``g``'s uplink queue outwards exactly when one
     end is in ``g`` and the other is not: so a ping to the outside waits (``DELAY_RATIO``
     times its idle time or more; on the emulated racks 1 to 2.5 ms against 0.15 to 0.3 ms)
     if ``j`` is in ``g``, and a ping to the inside waits if it is not. A slow NIC does not
-    slow a small message, so this sees the path of a rank whose flows cannot. A ping whose
-    idle time was already above ``clear_us`` (behind a queue of other traffic, which hides
-    the blast's) says nothing, nor does a ping that did not wait behind a queue that was
-    not full.
+    slow a small message, so this sees the path of a rank whose flows cannot. What a ping
+    can and cannot tell is ``held``'s rule; where the two pings of a group disagree, the
+    group says nothing.
 
-    ``j`` is placed in the one candidate group that a ping says it is in (none saying it is
-    not); on a rack of its own when every candidate says it is not, unless another blind
+    ``j`` is placed in the one candidate group whose pings say it is a member; on a rack of
+    its own when every candidate's pings say it is not, unless another blind
     rank also came out alone (two such could share a rack that no blast tests). Anything
     else stays unplaced.
     """
@@ -469,13 +470,13 @@ def place_blind(fit: RackFit, delays: dict[int, dict[int, dict[str, tuple[float,
         inside_of = [g for g, v in verdicts.items() if v is True]
         if len(inside_of) == 1:
             fit.placed[j] = inside_of[0]
-            fit.tentative = [k for k in fit.tentative if k != j]
+            fit.tentative.discard(j)
             fit.evidence[j] = f"its pings crossed group {inside_of[0]}'s uplink queue as a member's do"
         elif verdicts and all(v is False for v in verdicts.values()):
             alone.append(j)
     if len(alone) == 1:
         fit.placed[alone[0]] = None
-        fit.tentative = [k for k in fit.tentative if k != alone[0]]
+        fit.tentative.discard(alone[0])
         fit.evidence[alone[0]] = "its pings crossed every rack's uplink queue as an outsider's do"
     return fit
 

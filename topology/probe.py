@@ -185,7 +185,8 @@ class _Link:
 
 
 def _ping_pong(link: _Link, peer: int, lead: bool, cfg: ProbeConfig, quantile: float = 0.0) -> float | None:
-    """One-way latency (µs, fastest RTT / 2) measured by the leader, ``None`` on the follower.
+    """One-way latency (µs, RTT / 2 at ``quantile`` of the round trips, the fastest by
+    default) measured by the leader, ``None`` on the follower.
 
     The fastest, not the median, round trip: queueing and scheduling only ever add delay, and
     on an oversubscribed machine they add a lot (two concurrent pairs on a 2-core VM: median
@@ -383,7 +384,7 @@ def _streams(link: _Link, rank: int, flows: list[tuple[int, int]], cfg: ProbeCon
 def _phase(comm: Communicator, link: _Link, flows: list[tuple[int, int]], cfg: ProbeConfig, what: str,
            pings: Sequence[tuple[int, int]] = ()) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float]]:
     """``_streams`` on every rank after a barrier, with ``pings`` (``(pinger, echo)``) in the
-    middle of it: every flow's Gbit/s and every pinger's fastest one-way µs, on every rank.
+    middle of it: every flow's Gbit/s and every pinger's one-way µs, on every rank.
 
     A pinger starts after a third of the stream time, when the queues the flows fill are
     full, and pings for the next third; an echo answers each of its pingers in a thread. It
@@ -414,17 +415,17 @@ def _phase(comm: Communicator, link: _Link, flows: list[tuple[int, int]], cfg: P
     return rates, waits
 
 
-def _echo(racks: list[int], rack: int, pingers: list[int], bw: np.ndarray, latency_us: np.ndarray) -> int | None:
+def _echo(racks: list[int], rack: int, pingers: list[int], bw: np.ndarray, latency_us: np.ndarray,
+          clear_us: float) -> int | None:
     """The quiet rank outside ``rack`` that the pingers ping during its blast.
 
-    One whose idle pings from every pinger were clear, if any (a queue that other traffic
+    One whose idle pings from every pinger were clear (at most ``clear_us``), if any (a queue that other traffic
     keeps full on the way there or back would hide the blast's), and among those one in the
     rack that takes in traffic from other racks fastest (the blast sends there too).
     """
     outside = [i for i, r in enumerate(racks) if r != rack and i not in pingers]
     if len(outside) < 2:  # the blast needs a receiver besides the echo
         return None
-    clear = clear_latency(latency_us)
     sym = (latency_us + latency_us.T) / 2.0
 
     def ingress(i: int) -> float:
@@ -432,7 +433,7 @@ def _echo(racks: list[int], rack: int, pingers: list[int], bw: np.ndarray, laten
         flows = [bw[k, m] for m in mates for k in range(len(racks)) if racks[k] != racks[i] and bw[k, m] > 0]
         return float(np.median(flows)) if flows else 0.0
 
-    return min(outside, key=lambda i: (sum(sym[j, i] > clear for j in pingers), -ingress(i), -bw[:, i].max(), i))
+    return min(outside, key=lambda i: (sum(sym[j, i] > clear_us for j in pingers), -ingress(i), -bw[:, i].max(), i))
 
 
 def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
@@ -496,14 +497,14 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
     # Egress blasts, one per rack: its uplink with all of its members sending across at once
     # (the paper's contended uplink only shows when a whole rack talks), and, for every rank
     # the pairs could not place, a ping through the queue that fills only its own rack's uplink.
-    pingers = [] if known else [j for j in [*fit.unplaced, *fit.tentative] if fit.candidates.get(j)]
+    pingers = [] if known else [j for j in sorted({*fit.unplaced, *fit.tentative}) if fit.candidates.get(j)]
     phases: list[dict[str, Any]] = []
     out_best = bandwidth_gbps.max(axis=1)
     clear_us = clear_latency(latency_us)
     # (group, pinger, echo, kind) -> the ping's one-way µs in each pass; kind: "out" from a
     # blind rank to a rank outside the group, "in" to a spare member, "spare" from it out
     passes: dict[tuple[int, int, int, str], list[float]] = {}
-    rate_full: dict[int, bool] = {}
+    full: dict[int, bool] = {}  # group -> its blast filled a queue at a link its members share
     if len(set(provisional)) > 1:
         # Two passes over the racks, each rack's best kept: a burst of CPU work on a busy
         # host only ever makes a link look slower, while a contended uplink is slow in both
@@ -511,7 +512,7 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
         # 0.28 Gbit/s against the contended rack's 0.33 and was flagged with it.
         for g, members in [*enumerate(fit.groups)] * 2:
             rack = provisional[members[0]]
-            echo = _echo(provisional, rack, pingers, bandwidth_gbps, latency_us) if pingers else None
+            echo = _echo(provisional, rack, pingers, bandwidth_gbps, latency_us, clear_us) if pingers else None
             # a member to spare (two still send), the one the pingers reach fastest at rest,
             # answers pings from the inside and pings out itself
             spare = (min(members, key=lambda i: (sum(latency_us[i, j] + latency_us[j, i] for j in pingers), i))
@@ -528,7 +529,7 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
             phases[g]["egress_gbps"] = max(phases[g]["egress_gbps"], round(total, 4))
             senders = {src for src, _ in rates}
             # the members sent well below what their NICs carry alone: they share a link
-            rate_full[g] = rate_full.get(g, False) or bool(
+            full[g] = full.get(g, False) or bool(
                 senders and total < SHARP_RATIO * float(sum(out_best[i] for i in senders)))
             for pair, us in waits.items():
                 passes.setdefault((g, *pair, kinds[pair]), []).append(us)
@@ -536,10 +537,9 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
         # The idle time is the lower of the pairs phase's and the blasts': a path that was
         # clear once is not behind a queue of other traffic.
         delays: dict[int, dict[int, dict[str, tuple[float, float]]]] = {j: {} for j in pingers}
-        full = dict(rate_full)
         for (g, a, b, kind), values in passes.items():
             ping = (min(values), float(min(latency_us[a, b] or np.inf, latency_us[b, a] or np.inf, *values)))
-            if kind == "spare":  # the spare member's own ping out shows whether the queue filled
+            if kind == "spare":  # the spare member's own ping out says, better than the rates, whether it filled
                 full[g] = held(ping, clear_us, True) is True
             else:
                 delays[a].setdefault(g, {})[kind] = ping
