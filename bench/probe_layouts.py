@@ -208,6 +208,10 @@ def score(layout: Layout, topology: dict[str, Any]) -> dict[str, Any]:
                          for i, r in enumerate(found) if r == u["rack"]}) if racks_exact else None
     flagged_nic = sorted(n["rank"] for n in topology["contention"]["nics"])
     want_up, want_nic = layout.contended_uplinks, layout.contended_nics
+    # On racks that are the same network but not the same partition, an uplink is named by
+    # the workers behind it: the flags are right when they name the contended links' workers.
+    behind = {frozenset(i for i, r in enumerate(found) if r == u["rack"]) for u in topology["contention"]["uplinks"]}
+    want_behind = {frozenset(i for i, r in enumerate(layout.racks) if r == u) for u in want_up}
     conf = topology.get("confidence", {})
     return {
         "layout": layout.describe(), "spec": asdict(layout), "racks_found": found,
@@ -218,6 +222,7 @@ def score(layout: Layout, topology: dict[str, Any]) -> dict[str, Any]:
         "telling_wrong_with_confidence": (not racks_equivalent) and bool(conf.get("confident", True)),
         "uplinks_found": flagged_up, "uplinks_true": want_up, "uplinks_exact": flagged_up == want_up,
         "nics_found": flagged_nic, "nics_true": want_nic, "nics_exact": flagged_nic == want_nic,
+        "flags_equivalent": racks_equivalent and behind == want_behind and flagged_nic == want_nic,
         "flags_true_positive": len(set(flagged_up or []) & set(want_up)) + len(set(flagged_nic) & set(want_nic)),
         "flags_reported": len(flagged_up or []) + len(flagged_nic),
         "flags_true": len(want_up) + len(want_nic),
@@ -236,6 +241,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "racks_exact": sum(r["racks_exact"] for r in rows),
         "racks_equivalent": sum(r.get("racks_equivalent", r["racks_exact"]) for r in rows),
         "flags_exact": sum(bool(r["uplinks_exact"]) and r["nics_exact"] for r in rows),
+        "flags_equivalent": sum(r.get("flags_equivalent", bool(r["uplinks_exact"]) and r["nics_exact"]) for r in rows),
         "wrong_with_confidence": sum(r["wrong_with_confidence"] for r in rows),
         "telling_wrong_with_confidence": sum(r.get("telling_wrong_with_confidence", r["wrong_with_confidence"])
                                              for r in rows),

@@ -17,8 +17,8 @@ import numpy as np
 from scipy.cluster.hierarchy import DisjointSet, fcluster, linkage
 from scipy.spatial.distance import squareform
 
-__all__ = ["DEFAULT_SLOW_RATIO", "RackFit", "blind_ranks", "classify_contention", "fit_racks", "held", "infer_racks",
-           "clear_latency", "place_blind", "renumber_racks", "slow_keys"]
+__all__ = ["DEFAULT_SLOW_RATIO", "RackFit", "blind_ranks", "classify_contention", "clear_latency", "fan_clears",
+           "fit_racks", "held", "infer_racks", "nic_suspects", "place_blind", "renumber_racks", "slow_keys"]
 
 DEFAULT_RACK_GAP = 0.5
 DEFAULT_SLOW_RATIO = 0.6
@@ -105,6 +105,11 @@ DELAY_RATIO = 3.0
 #: A blast is sharp (a queue filled at a link its members share) when they sent below this
 #: fraction of what their NICs carried alone.
 SHARP_RATIO = 0.6
+#: A rank's fan (flows to or from every other rank at once) clears its NIC when it carried at
+#: least this fraction of what its flows got alone, one bottleneck each: a NIC that bounds its
+#: flows carries about its single-flow rate however many there are (1/2 of that sum with two
+#: bottlenecks, less with more), a NIC that does not carries all of it.
+FAN_RATIO = 0.75
 
 
 @dataclass
@@ -548,6 +553,62 @@ def _separated(dist: np.ndarray, labels: list[int]) -> bool:
     return float(np.percentile(between, 10)) > float(np.percentile(within, 90))
 
 
+def _nic_estimates(bw: np.ndarray, hosts: Sequence[str] | None) -> dict[int, tuple[float, float]]:
+    """Per rank, its best outgoing and best incoming flow through its NIC: what the NIC
+    carried at least, each way. Flows between ranks of one host never touch a NIC (loopback
+    measures the CPU) and are left out; a rank with none off its host either way is not judged."""
+    through_nic = bw.copy()
+    np.fill_diagonal(through_nic, 0.0)
+    if hosts is not None:
+        same_host = np.equal.outer(np.asarray(hosts, dtype=object), np.asarray(hosts, dtype=object))
+        through_nic[same_host] = 0.0
+    best = {i: (float(through_nic[i].max()), float(through_nic[:, i].max()))
+            for i in range(bw.shape[0]) if through_nic[i].any() and through_nic[:, i].any()}
+    return best
+
+
+def nic_suspects(bandwidth_gbps: Any, hosts: Sequence[str] | None = None,
+                 slow_ratio: float = DEFAULT_SLOW_RATIO) -> dict[int, list[str]]:
+    """Ranks whose NIC the pairwise flows call slow, and the directions (``"out"``, ``"in"``)
+    in which their best flow is below ``slow_ratio`` of the other ranks' median estimate.
+
+    Pairs alone cannot tell a slow NIC from a healthy one whose every peer sits behind a slow
+    link of its own (a rack of one beside a slow uplink and a slow NIC): both see only slow
+    flows. ``fan_clears`` tells them apart from a fan of flows in those directions.
+    """
+    best = _nic_estimates(_square("bandwidth_gbps", bandwidth_gbps), hosts)
+    worse = {i: min(pair) for i, pair in best.items()}
+    if len(worse) <= 2:
+        return {}
+    out: dict[int, list[str]] = {}
+    for i in slow_keys(worse, slow_ratio):
+        level = slow_ratio * float(np.median([v for k, v in worse.items() if k != i]))
+        out[i] = [d for d, v in zip(("out", "in"), best[i], strict=True) if v < level]
+    return out
+
+
+def fan_clears(bandwidth_gbps: Any, racks: Sequence[int], rank: int, direction: str,
+               rates: dict[int, float], ratio: float = FAN_RATIO) -> bool:
+    """Whether a fan of ``rank`` (its flows to every peer in ``rates`` at once, or from them
+    for ``direction == "in"``, ``{peer: Gbit/s}``) shows that its NIC does not bound its flows.
+
+    What the flows would carry if only their paths bound them: per other rack the best single
+    flow to it (its members share an uplink), per rack-mate its own single flow (each is
+    bounded by its own NIC). The NIC is clear when the fan carried at least ``ratio`` of that
+    sum and there were at least two such bottlenecks (with one, the sum says nothing about the
+    NIC). A NIC shared with another job's streams also carries more with more flows (TCP
+    shares per flow), so ``dssync probe`` runs a fan only for a rank with a clear ping (no
+    standing queue at its NIC).
+    """
+    bw = _square("bandwidth_gbps", bandwidth_gbps)
+    single = bw[rank] if direction == "out" else bw[:, rank]
+    alone: dict[Any, float] = {}
+    for peer in rates:
+        key = ("mate", peer) if racks[peer] == racks[rank] else ("rack", racks[peer])
+        alone[key] = max(alone.get(key, 0.0), float(single[peer]))
+    return len(alone) >= 2 and float(sum(rates.values())) >= ratio * sum(alone.values())
+
+
 def slow_keys(values: dict[int, float], ratio: float = DEFAULT_SLOW_RATIO) -> list[int]:
     """Keys whose value is below ``ratio`` times the median of the *other* keys' values."""
     out = []
@@ -565,6 +626,7 @@ def classify_contention(
     *,
     hosts: Sequence[str] | None = None,
     slow_ratio: float = DEFAULT_SLOW_RATIO,
+    fans: dict[int, dict[str, dict[int, float]]] | None = None,
 ) -> dict[str, list[dict[str, float]]]:
     """Slow NICs (paper Fig. 6) and slow rack uplinks (Fig. 5), in the topology.json form.
 
@@ -580,7 +642,10 @@ def classify_contention(
     measurement noise of a few ten percent stays above it. With ``hosts``, flows between
     ranks of one host are left out (they never leave the machine), and a rank with no flow
     off its host is not judged: local ranks on loopback measure the CPU, not a NIC. At least
-    three judged ranks are needed for a median of "the others" to mean anything.
+    three judged ranks are needed for a median of "the others" to mean anything. ``fans``
+    (``{rank: {direction: {peer: Gbit/s}}}``, flows at once in each direction in which the
+    rank looked slow, see ``nic_suspects``) clear a rank whose every peer sat behind a slow
+    link of its own: its fans carried what those links allow (``fan_clears``).
 
     Uplink of rack ``r``, judged on its *egress*: for each other rack ``s``, the median
     pairwise flow from ``r`` to ``s`` (flows touching a slow NIC left out), then the best
@@ -593,9 +658,11 @@ def classify_contention(
     told apart. Pairwise egress below ``slow_ratio`` of the others' is slow on its own. The
     concurrent aggregates alone are not trusted: a rack that sends slowly all at once while
     its pairwise flows run at its NICs' rate is held back by its own NICs or the CPU, not by
-    its uplink. The figure reported for a
-    slow uplink is ``uplink_gbps_by_rack[r]`` when given (what the rack gets when all of it
-    sends across at once, as ``dssync probe`` measures), else the pairwise figure. The
+    its uplink. A rack of one's pairwise egress is one flow; a fan out of its member (see
+    ``fans``) is what its uplink carried at once and counts when larger. The figure reported
+    for a slow uplink is ``uplink_gbps_by_rack[r]`` when given (what the rack gets when all of
+    it sends across at once, as ``dssync probe`` measures; NaN for a rack that had no blast),
+    else the pairwise figure. The
     aggregate also decides when the rack's pairwise egress is held back, below ``slow_ratio``
     of its own members' NIC estimates (the rack's NICs carry more than its cross-rack flows
     got): then the rack is slow when its aggregate is below ``slow_ratio`` of the others'.
@@ -626,14 +693,13 @@ def classify_contention(
         )
     off = bw.copy()
     np.fill_diagonal(off, 0.0)
-    # Flows between ranks of one host never touch its NIC (loopback measures the CPU).
-    through_nic = off.copy()
-    if hosts is not None:
-        same_host = np.equal.outer(np.asarray(hosts, dtype=object), np.asarray(hosts, dtype=object))
-        through_nic[same_host] = 0.0
-    nic_gbps = {i: float(min(through_nic[i].max(), through_nic[:, i].max()))
-                for i in range(n) if through_nic[i].any() and through_nic[:, i].any()}
+    best = _nic_estimates(bw, hosts)
+    nic_gbps = {i: min(pair) for i, pair in best.items()}
     slow_nics = slow_keys(nic_gbps, slow_ratio) if len(nic_gbps) > 2 else []
+    if fans:  # a fan in every slow direction carried what the paths allow: not the NIC
+        slow_nics = [i for i in slow_nics
+                     if not (i in fans and fans[i] and all(fan_clears(bw, racks, i, d, rates)
+                                                           for d, rates in fans[i].items()))]
 
     members = {r: [i for i in range(n) if racks[i] == r] for r in rack_ids}
     clear = [i for i in range(n) if i not in slow_nics]
@@ -647,6 +713,11 @@ def classify_contention(
                 best.append(float(np.median(flows)))
         if best:
             uplink[r] = max(best)
+    for i, directions in (fans or {}).items():
+        # a rack of one's uplink carries exactly its member's flows: a fan out of a clear
+        # member is what the uplink carried at once, more than any single flow shows
+        if i not in slow_nics and "out" in directions and len(members[racks[i]]) == 1:
+            uplink[racks[i]] = max(uplink.get(racks[i], 0.0), float(sum(directions["out"].values())))
     if hosts is not None:
         # A rack sharing a host with another rack has no uplink between them to judge.
         host_racks: dict[str, set[int]] = {}
@@ -662,10 +733,12 @@ def classify_contention(
         nic_level = {r: float(np.median([nic_gbps[i] for i in members[r] if i in clear and i in nic_gbps]
                                         or [np.nan])) for r in uplink}
         held_back = {r for r in uplink if uplink[r] < slow_ratio * nic_level[r]}
-        aggregate = {r: float(uplink_gbps_by_rack[r]) for r in uplink}
+        aggregate = {r: float(uplink_gbps_by_rack[r]) for r in uplink if np.isfinite(uplink_gbps_by_rack[r])}
         slow_uplinks = sorted(set(slow_uplinks) | (held_back & set(slow_keys(aggregate, slow_ratio))))
-    report = ({r: float(uplink_gbps_by_rack[r]) for r in rack_ids} if uplink_gbps_by_rack is not None
-              else uplink)
+    # a rack whose blast had no flows (NaN) reports its pairwise figure
+    report = dict(uplink)
+    if uplink_gbps_by_rack is not None:
+        report.update({r: float(uplink_gbps_by_rack[r]) for r in rack_ids if np.isfinite(uplink_gbps_by_rack[r])})
     return {
         "uplinks": [{"rack": r, "bandwidth_gbps": round(report[r], 4)} for r in slow_uplinks],
         "nics": [{"rank": i, "bandwidth_gbps": round(nic_gbps[i], 4)} for i in slow_nics],

@@ -35,8 +35,10 @@ from dssync.topology.infer import (
     RackFit,
     classify_contention,
     clear_latency,
+    fan_clears,
     fit_racks,
     held,
+    nic_suspects,
     place_blind,
 )
 from dssync.topology.model import Topology, Worker
@@ -436,6 +438,40 @@ def _echo(racks: list[int], rack: int, pingers: list[int], bw: np.ndarray, laten
     return min(outside, key=lambda i: (sum(sym[j, i] > clear_us for j in pingers), -ingress(i), -bw[:, i].max(), i))
 
 
+def _fans(comm: Communicator, link: _Link, cfg: ProbeConfig, bw: np.ndarray, latency_us: np.ndarray,
+          clear_us: float, hosts: list[str], racks: list[int]) -> tuple[dict[int, dict[str, dict[int, float]]], list[dict[str, Any]]]:
+    """A fan for each rank whose pairs called its NIC slow (``nic_suspects``) and whose NIC
+    has no standing queue (a ping of it was clear): it sends to, or takes from, every rank off
+    its host at once, in each direction it looked slow. ``({rank: {direction: {peer: Gbit/s}}},
+    the record)``. One fan at a time: two would meet at the peers they share.
+
+    A rank whose every ping waits sits behind a queue at its own NIC, another job's streams,
+    and more flows would only take a larger share of them (TCP shares per flow), so a fan
+    could not clear it and none is run.
+    """
+    fans: dict[int, dict[str, dict[int, float]]] = {}
+    record: list[dict[str, Any]] = []
+    # Half the stream time and a quarter of the message: a fan tells a sum from one flow's
+    # rate (a factor of two or more), and each of its flows is slow, so a whole message
+    # sent after the clock ran out would add a tenth of a second at a slow NIC's rate.
+    light = replace(cfg, bandwidth_seconds=cfg.bandwidth_seconds / 2, message_bytes=max(1, cfg.message_bytes // 4))
+    for i, directions in nic_suspects(bw, hosts).items():
+        pings = [v for v in (*latency_us[i], *latency_us[:, i]) if v > 0]
+        if not pings or min(pings) > clear_us:
+            continue
+        peers = [j for j in range(len(hosts)) if hosts[j] != hosts[i]]
+        # the slower direction first: a NIC stays slow unless every slow direction clears
+        for d in sorted(directions, key=lambda d: bw[i].max() if d == "out" else bw[:, i].max()):
+            flows = [(i, j) if d == "out" else (j, i) for j in peers]
+            rates, _ = _phase(comm, link, flows, light, f"rank {i} fan-{d}")
+            fans.setdefault(i, {})[d] = {(dst if d == "out" else src): v for (src, dst), v in rates.items()}
+            record.append({"rank": i, "direction": d, "gbps": round(float(sum(rates.values())), 4),
+                           "flows": len(rates)})
+            if not fan_clears(bw, racks, i, d, fans[i][d]):
+                break
+    return fans, record
+
+
 def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
                racks: list[int] | None = None, base_port: int = 5301) -> ProbeResult:
     """Measure the world from this rank; every rank returns the same ``ProbeResult``.
@@ -540,7 +576,10 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
         for (g, a, b, kind), values in passes.items():
             ping = (min(values), float(min(latency_us[a, b] or np.inf, latency_us[b, a] or np.inf, *values)))
             if kind == "spare":  # the spare member's own ping out says, better than the rates, whether it filled
-                full[g] = held(ping, clear_us, True) is True
+                verdict = held(ping, clear_us, True)
+                # behind a standing queue at rest already (another job's flows out of the
+                # rack): it cannot say; it waited, and the rates say whether the blast was sharp
+                full[g] = verdict if verdict is not None else full[g] and ping[0] > clear_us
             else:
                 delays[a].setdefault(g, {})[kind] = ping
         # racks of blind ranks alone get no blast of their own: nothing clear to send
@@ -552,10 +591,13 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
     # Phase g blasted group g: name it by its final rack. A rack of unplaced ranks alone had none.
     for g, p in enumerate(phases):
         p["rack"] = racks[fit.groups[g][0]]
-    by_rack = {p["rack"]: p["egress_gbps"] for p in phases}
-    aggregates = [by_rack.get(r, 0.0) for r in range(max(racks) + 1)] if phases else None
-    contention: dict[str, Any] = dict(classify_contention(bandwidth_gbps, racks, aggregates, hosts=hosts))
+    by_rack = {p["rack"]: p["egress_gbps"] for p in phases if p["flows"]}
+    aggregates = [by_rack.get(r, float("nan")) for r in range(max(racks) + 1)] if phases else None
+    fans, fan_record = _fans(comm, link, cfg, bandwidth_gbps, latency_us, clear_us, hosts, racks)
+    phase_seconds["fans"] = round(time.time() - started_at - phase_seconds["pairs"] - phase_seconds["blasts"], 3)
+    contention: dict[str, Any] = dict(classify_contention(bandwidth_gbps, racks, aggregates, hosts=hosts, fans=fans))
     contention["uplink_aggregates"] = phases
+    contention["nic_fans"] = fan_record
     confidence = fit.confidence()
     confidence["pings_us"] = {str(j): {str(g): {k: [round(during, 1), round(idle, 1)] for k, (during, idle) in p.items()}
                                        for g, p in d.items()} for j, d in delays.items()}

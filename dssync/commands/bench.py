@@ -538,7 +538,8 @@ def run_probe_layouts(args: argparse.Namespace) -> int:
     console.print(table)
     s = result["summary"]
     console.print(f"racks exact {s['racks_exact']}/{s['layouts']} (equivalent: no flow pattern tells them apart, "
-                  f"{s['racks_equivalent']}/{s['layouts']}), flags exact {s['flags_exact']}/{s['layouts']}, "
+                  f"{s['racks_equivalent']}/{s['layouts']}), flags exact {s['flags_exact']}/{s['layouts']} "
+                  f"(on equivalent racks, the contended links' workers: {s['flags_equivalent']}/{s['layouts']}), "
                   f"wrong racks reported with confidence {s['wrong_with_confidence']} (of them telling apart "
                   f"{s['telling_wrong_with_confidence']}), flag precision "
                   f"{s['flag_precision']:.3f} recall {s['flag_recall']:.3f}, probe time median "

@@ -11,9 +11,11 @@ from hypothesis import strategies as st
 
 from dssync.topology.infer import (
     classify_contention,
+    fan_clears,
     fit_racks,
     held,
     infer_racks,
+    nic_suspects,
     place_blind,
     renumber_racks,
 )
@@ -420,3 +422,69 @@ def test_latency_noise_does_not_split_the_one_rack_bandwidth_saw():
     fit = fit_racks(lat, bw)
     found = fit.racks()
     assert found[0] == found[1] == found[2] and fit.blind == [3]
+
+
+def test_a_fan_clears_a_healthy_nic_whose_every_peer_is_behind_a_slow_link():
+    """Racks 1,3,1: rank 0's NIC is slow (0.15 Gbit/s), rack 1's uplink is slow (0.15), rank 4
+    is healthy. Pairwise, ranks 0 and 4 look alike: every flow of each runs at 0.13. At once,
+    rank 4's flows to rank 0 and to rack 1 meet at no common link and add up; rank 0's meet
+    at its NIC and carry no more than one of them."""
+    racks = [0, 1, 1, 1, 2]
+    bw = np.full((5, 5), 0.95)
+    bw[1:4, [0, 4]] = bw[[0, 4], 1:4] = 0.13  # across rack 1's uplink
+    slow_nic(bw, 0, 0.13)
+    assert nic_suspects(bw) == {0: ["out", "in"], 4: ["out", "in"]}
+    assert [n["rank"] for n in classify_contention(bw, racks)["nics"]] == [0, 4]
+    # what the links allow: rank 4 out, one flow at 0.13 to rank 0 and 0.15 shared by rack 1
+    healthy = {0: 0.13, 1: 0.05, 2: 0.05, 3: 0.05}
+    slow = {1: 0.04, 2: 0.04, 3: 0.04, 4: 0.03}  # rank 0 out: its NIC's 0.15 over four flows
+    assert fan_clears(bw, racks, 4, "out", healthy) and fan_clears(bw, racks, 4, "in", healthy)
+    assert not fan_clears(bw, racks, 0, "out", slow)
+    fans = {4: {"out": healthy, "in": healthy}, 0: {"out": slow}}
+    assert [n["rank"] for n in classify_contention(bw, racks, fans=fans)["nics"]] == [0]
+    # a fan that cleared one slow direction but not the other leaves the NIC slow
+    fans[4]["in"] = {0: 0.03, 1: 0.03, 2: 0.03, 3: 0.03}
+    assert [n["rank"] for n in classify_contention(bw, racks, fans=fans)["nics"]] == [0, 4]
+
+
+def test_a_fan_into_one_bottleneck_clears_nothing():
+    """Every peer behind one uplink: the fan's sum says nothing about the rank's own NIC."""
+    racks = [0, 1, 1, 1]
+    bw = np.full((4, 4), 0.95)
+    bw[0, 1:] = bw[1:, 0] = 0.2
+    np.fill_diagonal(bw, 0.0)
+    assert not fan_clears(bw, racks, 0, "out", {1: 0.2, 2: 0.2, 3: 0.2})
+
+
+def test_a_rack_of_one_beside_background_flows_is_not_a_slow_nic():
+    """Recorded on the emulated 1,3,1 layout with rank 4's NIC at 250 Mbit/s and another job's
+    streams leaving rack 1: rank 0 (healthy, alone) took 0.17-0.23 Gbit/s from every peer and
+    was flagged, which also kept rack 1's egress to it out of the uplink's judgement. Its fans
+    (0.92 out, 0.50 in, rates as measured) carried what the paths allow; rank 4's did not."""
+    racks = [0, 1, 1, 1, 2]
+    bw = np.array([[0, 0.45, 0.50, 0.45, 0.23], [0.19, 0, 0.95, 0.95, 0.14], [0.17, 0.95, 0, 0.95, 0.18],
+                   [0.18, 0.95, 0.95, 0, 0.18], [0.23, 0.19, 0.18, 0.18, 0]])
+    aggregates = [0.0, 0.33, 0.0]
+    before = classify_contention(bw, racks, aggregates)
+    assert [n["rank"] for n in before["nics"]] == [0, 4] and before["uplinks"] == []
+    fans = {0: {"in": {1: 0.1, 2: 0.09, 3: 0.09, 4: 0.22}, "out": {1: 0.23, 2: 0.23, 3: 0.23, 4: 0.23}},
+            4: {"in": {0: 0.1, 1: 0.04, 2: 0.04, 3: 0.04}}}
+    after = classify_contention(bw, racks, aggregates, fans=fans)
+    assert [n["rank"] for n in after["nics"]] == [4] and [u["rack"] for u in after["uplinks"]] == [1]
+
+
+def test_a_rack_of_one_shows_its_uplink_by_its_fan():
+    """The 1,3,1 layout above: every single flow runs at 0.13, so rack 1's slow uplink and rack
+    2's clear one look alike pairwise. Rank 4's fan out, alone in rack 2, carried 0.27 across
+    its uplink: rack 1's 0.13 is slow beside it. Rack 1's blast had no flows (its outside ranks
+    were pinging): the figure reported is the pairwise one, not a zero."""
+    racks = [0, 1, 1, 1, 2]
+    bw = np.full((5, 5), 0.95)
+    bw[1:4, [0, 4]] = bw[[0, 4], 1:4] = 0.13
+    slow_nic(bw, 0, 0.13)
+    nan = float("nan")
+    assert classify_contention(bw, racks, [nan, nan, nan])["uplinks"] == []
+    fans = {4: {"out": {0: 0.13, 1: 0.05, 2: 0.05, 3: 0.04}, "in": {0: 0.13, 1: 0.05, 2: 0.05, 3: 0.05}},
+            0: {"out": {1: 0.04, 2: 0.04, 3: 0.04, 4: 0.03}}}
+    found = classify_contention(bw, racks, [nan, nan, nan], fans=fans)
+    assert found == {"uplinks": [{"rack": 1, "bandwidth_gbps": 0.13}], "nics": [{"rank": 0, "bandwidth_gbps": 0.13}]}

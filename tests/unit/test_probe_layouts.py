@@ -53,3 +53,13 @@ def test_score_counts_a_confident_wrong_answer_and_an_equivalent_one():
     row = score(layout, topo)
     assert not row["racks_exact"] and row["racks_equivalent"]
     assert row["wrong_with_confidence"] and not row["telling_wrong_with_confidence"]
+    # rack 1's uplink missed: the flags are wrong in both senses
+    assert row["uplinks_exact"] is False and not row["flags_equivalent"]
+    # flagged on the found rack whose workers are rack 1's: the same link, though not the same rack number
+    topo["contention"]["uplinks"] = [{"rack": 1, "bandwidth_gbps": 0.3}]
+    row = score(layout, topo)
+    assert row["uplinks_found"] is None and row["flags_equivalent"]
+    topo["contention"]["uplinks"] = [{"rack": 0, "bandwidth_gbps": 0.3}]  # the merged racks of one instead
+    assert not score(layout, topo)["flags_equivalent"]
+    topo["contention"] = {"uplinks": [{"rack": 1, "bandwidth_gbps": 0.3}], "nics": [{"rank": 2, "bandwidth_gbps": 0.2}]}
+    assert not score(layout, topo)["flags_equivalent"]  # a NIC flagged that is not contended
