@@ -18,7 +18,7 @@ from scipy.cluster.hierarchy import DisjointSet, fcluster, linkage
 from scipy.spatial.distance import squareform
 
 __all__ = ["DEFAULT_SLOW_RATIO", "RackFit", "blind_ranks", "classify_contention", "clear_latency", "fan_clears",
-           "fit_racks", "held", "infer_racks", "nic_suspects", "place_blind", "renumber_racks", "slow_keys"]
+           "filled", "fit_racks", "held", "infer_racks", "nic_suspects", "place_blind", "renumber_racks", "slow_keys"]
 
 DEFAULT_RACK_GAP = 0.5
 DEFAULT_SLOW_RATIO = 0.6
@@ -437,6 +437,16 @@ def held(ping: tuple[float, float] | None, clear_us: float, full: bool) -> bool 
     if ping is None or not full or not 0 < ping[1] <= clear_us:
         return None
     return bool(ping[0] > max(clear_us, DELAY_RATIO * ping[1]))
+
+
+def filled(spare: tuple[float, float], clear_us: float, uplink_slow: bool) -> bool:
+    """Whether a blast's queue was full, from its spare member's ping out ``(during, idle)``
+    (µs one way): it waited (``held``). A ping behind a queue at rest already cannot say
+    whether the blast filled one: the queue is the group's own uplink's, full blast or not,
+    when the pairs found that uplink slow (``uplink_slow``: another job's flows leave the
+    rack), and may be the far side's otherwise (the echo's rack's), which tells nothing."""
+    verdict = held(spare, clear_us, True)
+    return verdict if verdict is not None else spare[0] > clear_us and uplink_slow
 
 
 def place_blind(fit: RackFit, delays: dict[int, dict[int, dict[str, tuple[float, float]]]],

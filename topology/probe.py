@@ -36,8 +36,8 @@ from dssync.topology.infer import (
     classify_contention,
     clear_latency,
     fan_clears,
+    filled,
     fit_racks,
-    held,
     nic_suspects,
     place_blind,
 )
@@ -573,13 +573,11 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
         # The idle time is the lower of the pairs phase's and the blasts': a path that was
         # clear once is not behind a queue of other traffic.
         delays: dict[int, dict[int, dict[str, tuple[float, float]]]] = {j: {} for j in pingers}
+        slow_up = {u["rack"] for u in classify_contention(bandwidth_gbps, provisional, hosts=hosts)["uplinks"]}
         for (g, a, b, kind), values in passes.items():
             ping = (min(values), float(min(latency_us[a, b] or np.inf, latency_us[b, a] or np.inf, *values)))
             if kind == "spare":  # the spare member's own ping out says, better than the rates, whether it filled
-                verdict = held(ping, clear_us, True)
-                # behind a standing queue at rest already (another job's flows out of the
-                # rack): it cannot say; it waited, and the rates say whether the blast was sharp
-                full[g] = verdict if verdict is not None else full[g] and ping[0] > clear_us
+                full[g] = filled(ping, clear_us, provisional[a] in slow_up)
             else:
                 delays[a].setdefault(g, {})[kind] = ping
         # racks of blind ranks alone get no blast of their own: nothing clear to send

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from dssync.topology.infer import (
     classify_contention,
     fan_clears,
+    filled,
     fit_racks,
     held,
     infer_racks,
@@ -488,3 +489,13 @@ def test_a_rack_of_one_shows_its_uplink_by_its_fan():
             0: {"out": {1: 0.04, 2: 0.04, 3: 0.04, 4: 0.03}}}
     found = classify_contention(bw, racks, [nan, nan, nan], fans=fans)
     assert found == {"uplinks": [{"rack": 1, "bandwidth_gbps": 0.13}], "nics": [{"rank": 0, "bandwidth_gbps": 0.13}]}
+
+
+def test_a_blast_filled_its_queue_when_the_spare_member_waited():
+    clear = 250.0
+    assert filled((1800.0, 90.0), clear, uplink_slow=False)  # clear at rest, waited during
+    assert not filled((150.0, 90.0), clear, uplink_slow=True)  # never waited
+    # behind a queue at rest already (2400 us): the rack's own uplink's when the pairs found it
+    # slow (another job's flows leave the rack, layout 5,4 rack:0), else the far side's
+    assert filled((3400.0, 2400.0), clear, uplink_slow=True)
+    assert not filled((3400.0, 2400.0), clear, uplink_slow=False)
