@@ -276,17 +276,26 @@ def fit_racks(
     choices: list[tuple[str, list[int], np.ndarray | None]] = [
         ("latency", lat_ranks, _with_profile(_ratio_to_nearest(lat[lat_sub]), np.ones((len(lat_ranks),) * 2, dtype=bool),
                                              gap))]
+    held_back: tuple[np.ndarray, np.ndarray] | None = None  # bandwidth's raw cost and known pairs
     if bw is not None:
         cost, known = _bandwidth_cost(bw, slow_ratio)
         sub = np.ix_(clear, clear)
+        held_back = (cost[sub], known[sub])
         choices.append(("bandwidth", clear, _with_profile(_ratio_to_nearest(cost[sub]), known[sub], gap)))
+
+    def clusters(metric: str, dist: np.ndarray) -> list[int]:
+        labels = _cluster(dist, gap)
+        return _merge_unseparated(labels, *held_back, gap) if metric == "bandwidth" and held_back else labels
+
     # A metric speaks only if its clusters are clearly apart: on a busy host, ping-pong
     # latency can be pure scheduling noise (hundreds of µs on some pairs), and taking the
-    # worse of a noisy metric and a clean one would split racks at random.
-    informative = [c for c in choices if c[2] is not None and _separated(c[2], _cluster(c[2], gap))]
+    # worse of a noisy metric and a clean one would split racks at random. Bandwidth also
+    # speaks when its flows show every boundary (``_evidenced``), lucky cross-rack pairs or not.
+    labelled = [(c, clusters(c[0], c[2])) for c in choices if c[2] is not None]
+    informative = [(c, labels) for c, labels in labelled if _separated(c[2], labels)
+                   or (c[0] == "bandwidth" and held_back is not None and _evidenced(labels, *held_back, gap))]
     if informative:
-        metric, ranks, dist = informative[-1]  # bandwidth first
-        labels = _cluster(dist, gap)
+        (metric, ranks, dist), labels = informative[-1]  # bandwidth first
     else:
         metric, ranks, dist, labels = "none", clear, None, [0] * len(clear)
     if metric == "latency" and blind and not _far_apart(lat, ranks, labels, clear, clear_us):
@@ -308,10 +317,110 @@ def fit_racks(
     if bw is not None and blind:
         _rule_out(fit, bw, hosts)
         _rule_out_by_queue(fit, lat, clear_us)
-        lat_choice = choices[0]
-        if metric == "bandwidth" and lat_choice in informative:
-            _place_by_latency(fit, dict(zip(lat_choice[1], _cluster(lat_choice[2], gap), strict=True)))
+        by_latency = [(c[1], labels) for c, labels in informative if c[0] == "latency"]
+        if metric == "bandwidth" and by_latency:
+            _place_by_latency(fit, dict(zip(*by_latency[0], strict=True)))
     return fit
+
+
+#: Above this many clusters (ranks, for ``_evidenced_racks``) the fewest-racks search is
+#: skipped: it is exact, and in the worst case grows like the partitions of its units.
+MERGE_SEARCH_GROUPS = 12
+
+
+def _fewest_racks(units: list[list[int]], ratio: np.ndarray, known: np.ndarray, gap: float) -> list[list[int]]:
+    """The fewest racks, each a union of whole ``units`` (lists of rank indices), that keep
+    together no pair held back (a ``ratio`` above ``1 + gap``) or never measured through
+    clear NICs (``known``); among those, the one whose merged pairs ran fastest. Exact
+    branch and bound: a unit joins a rack only if it fits every unit there."""
+    m = len(units)
+    between = [[ratio[np.ix_(units[a], units[b])] for b in range(m)] for a in range(m)]
+    fits = [[a != b and bool(known[np.ix_(units[a], units[b])].all()) and float(between[a][b].max()) <= 1.0 + gap
+             for b in range(m)] for a in range(m)]
+    weight = [[float(between[a][b].mean()) for b in range(m)] for a in range(m)]
+    best: list[Any] = [m + 1, float("inf"), [[u] for u in range(m)]]
+
+    def search(k: int, sets: list[list[int]], score: float) -> None:
+        if len(sets) > best[0] or (len(sets) == best[0] and score >= best[1]):
+            return
+        if k == m:
+            best[:] = [len(sets), score, [list(s) for s in sets]]
+            return
+        for s in sets:
+            if all(fits[k][g] for g in s):
+                s.append(k)
+                search(k + 1, sets, score + sum(weight[k][g] for g in s[:-1]))
+                s.pop()
+        sets.append([k])
+        search(k + 1, sets, score)
+        sets.pop()
+
+    if any(any(row) for row in fits):
+        search(0, [], 0.0)
+    return [sorted(i for u in s for i in units[u]) for s in best[2]]
+
+
+def _labels(groups: list[list[int]], n: int) -> list[int]:
+    out = [0] * n
+    for label, members in enumerate(groups):
+        for i in members:
+            out[i] = label
+    return out
+
+
+def _merge_unseparated(labels: list[int], cost: np.ndarray, known: np.ndarray, gap: float) -> list[int]:
+    """Clusters (``labels``, one per rank of ``cost``) joined into the fewest racks that keep
+    together no pair whose flow was held back; where the ranks fit a partition that the flows
+    evidence (``_evidenced``) in fewer racks, or in as many while the clusters keep such a
+    pair, that partition.
+
+    In a round of disjoint pairs a rack-mate's flow shares only its two NICs, so a pair whose
+    path ran more than ``1 + gap`` times slower than both NICs allow (``cost``, over the typical
+    nearest-neighbour cost) crossed a link some other flow of its round used: the two are in
+    different racks. A fast flow proves nothing (a cross-rack pair alone on its uplink in its
+    round runs at full speed), and with few ranks two such lucky flows outvote a rack-mate's
+    in ``_with_profile`` and split a rack (2,3 with another job on a NIC: one rack of three
+    came out as three), or one lucky flow pulls a rank into the wrong rack on average
+    linkage. So clusters merge when every pair between them was measured through clear NICs
+    (``known``) and none was held back (``_fewest_racks``). A held-back pair inside a cluster
+    is not always a boundary: a NIC shared with another job's flow one way holds back some
+    of its rack-mates' flows that way too, and then no partition is evidenced and the
+    clusters stand. Exact searches over up to ``MERGE_SEARCH_GROUPS`` clusters, and ranks.
+    """
+    ratio = _ratio_to_nearest(cost)
+    keys = sorted(set(labels))
+    if ratio is None or len(keys) > MERGE_SEARCH_GROUPS:
+        return labels
+    n = len(labels)
+    merged = _labels(_fewest_racks([[i for i in range(n) if labels[i] == key] for key in keys], ratio, known, gap), n)
+    if n <= MERGE_SEARCH_GROUPS:
+        by_rank = _labels(_fewest_racks([[i] for i in range(n)], ratio, known, gap), n)
+        fewer = len(set(by_rank)) < len(set(merged)) or (
+            len(set(by_rank)) == len(set(merged)) and not _evidenced(merged, cost, known, gap))
+        if fewer and _evidenced(by_rank, cost, known, gap):
+            return by_rank
+    return merged
+
+
+def _evidenced(labels: list[int], cost: np.ndarray, known: np.ndarray, gap: float) -> bool:
+    """Whether the flows show every boundary of ``labels`` and none inside: two racks or
+    more, no pair inside a rack held back (above ``1 + gap`` of the typical nearest cost,
+    see ``_merge_unseparated``), and between every two racks most pairs held back. Lucky
+    cross-rack pairs (alone on their uplinks in their round) are a minority of their
+    boundary's pairs and do not hide it, as they do ``_separated``'s percentiles."""
+    ratio = _ratio_to_nearest(cost)
+    lab = np.asarray(labels)
+    if ratio is None or len(set(labels)) < 2:
+        return False
+    same = np.equal.outer(lab, lab) & ~np.eye(len(lab), dtype=bool)
+    if np.any(ratio[same & known] > 1.0 + gap):
+        return False
+    for a in set(labels):
+        for b in set(labels):
+            cross = ratio[np.ix_(lab == a, lab == b)][known[np.ix_(lab == a, lab == b)]]
+            if a < b and (cross.size == 0 or float(np.median(cross)) <= 1.0 + gap):
+                return False
+    return True
 
 
 def _far_apart(lat: np.ndarray, ranks: list[int], labels: list[int], among: list[int], clear_us: float) -> bool:

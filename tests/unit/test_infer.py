@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from dssync.topology.infer import (
@@ -236,6 +236,67 @@ def test_one_lucky_cross_rack_pair_is_outvoted(lucky):
     i, j = lucky
     bw[i, j] = bw[j, i] = 1.0
     assert infer_racks(lat, bw) == layout([2, 3, 3])
+
+
+def test_two_lucky_flows_in_a_small_world_do_not_split_a_rack():
+    """Racks 2,3, rank 3's NIC busy outbound. With two pairs a round, a cross-rack pair alone
+    on the uplinks runs at full speed: 0->3 and 1<->4 did, so ranks 0 and 1 disagree about
+    every third party and the profile vote split both racks. No pair inside a true rack ran
+    slow, so the fewest racks that keep every slow pair apart are the racks."""
+    racks = [0, 0, 1, 1, 1]
+    _, bw = matrices(racks, inter_gbps=0.47, intra_gbps=0.95, noise=0.04, seed=5)
+    bw[0, 3] = bw[1, 4] = bw[4, 1] = 0.95
+    bw[3, :] = 0.2  # another job's streams leave through rank 3's NIC
+    np.fill_diagonal(bw, 0.0)
+    assert fit_racks(flat_latency(5), bw).racks() == racks
+
+
+def partition(racks):
+    return [[i for i, r in enumerate(racks) if r == k] for k in sorted(set(racks))]
+
+
+def set_partitions(items):
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in set_partitions(rest):
+        yield [[first], *part]
+        for k in range(len(part)):
+            yield [*part[:k], [first, *part[k]], *part[k + 1:]]
+
+
+@settings(max_examples=150, deadline=None)
+@given(sizes=st.lists(st.integers(1, 4), min_size=2, max_size=4).filter(lambda s: 4 <= sum(s) <= 8),
+       lucky=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 7)), max_size=2),
+       seed=st.integers(0, 10_000))
+def test_lucky_cross_rack_flows_never_split_or_join_racks_the_slow_flows_tell_apart(sizes, lucky, seed):
+    """Cross-rack flows that shared an uplink in their round (0.3-0.55 of a NIC) and a few
+    that had it to themselves (full speed, both ways; every rank has one such flow at least,
+    as the probe's rounds give a rack of one, so its best flow shows its NIC). Oracle, brute force over every
+    partition of the ranks: where exactly one partition with the fewest racks keeps every
+    slow pair apart and it is the racks built, the measurements say so, and the probe finds it.
+    (Where lucky flows make another partition as small, the racks are not a fact of them.)"""
+    racks = layout(sizes)
+    n = len(racks)
+    rng = np.random.default_rng(seed)
+    same = np.equal.outer(racks, racks)
+    bw = np.where(same, rng.uniform(0.9, 1.0, (n, n)), rng.uniform(0.3, 0.55, (n, n)))
+    for i in range(n):  # a rack of one's flow had the uplinks to itself in some round
+        if racks.count(racks[i]) == 1:
+            lucky = [*lucky, (i, int(rng.choice([j for j in range(n) if j != i])))]
+    for i, j in lucky:
+        if i < n and j < n and racks[i] != racks[j]:
+            bw[i, j] = bw[j, i] = rng.uniform(0.9, 1.0)
+    np.fill_diagonal(bw, 0.0)
+    slow = (bw < 0.6) | (bw.T < 0.6)
+    np.fill_diagonal(slow, False)
+    fits = [p for p in set_partitions(list(range(n)))
+            if all(not slow[i, j] for part in p for i in part for j in part)]
+    fewest = min(len(p) for p in fits)
+    best = [p for p in fits if len(p) == fewest]
+    assume(len(best) == 1 and sorted(map(sorted, best[0])) == sorted(map(sorted, partition(racks))))
+    assert fit_racks(flat_latency(n), bw).racks() == racks
 
 
 # -- ranks whose NIC is slow both ways, and how sure the racks are ------------------------------
