@@ -228,6 +228,16 @@ def test_a_cross_rack_pair_that_ran_at_full_speed_does_not_split_a_rack(probe):
     assert infer_racks(probe["latency_us"], probe["bandwidth_gbps"]) == layout(probe["rack_sizes"])
 
 
+LUCKY_SPLITS = json.loads((Path(__file__).parent / "data" / "emulated_probes.json").read_text())["lucky_flow_splits"]
+
+
+@pytest.mark.parametrize("probe", LUCKY_SPLITS, ids=[",".join(map(str, p["rack_sizes"])) for p in LUCKY_SPLITS])
+def test_recorded_lucky_flows_neither_split_a_rack_nor_join_the_wrong_one(probe):
+    """Recorded misses: no flow inside a rack was held back, most flows across every boundary
+    were, and the few cross-rack pairs that ran at full speed had split a rack."""
+    assert infer_racks(probe["latency_us"], probe["bandwidth_gbps"]) == layout(probe["rack_sizes"])
+
+
 @pytest.mark.parametrize("lucky", [(4, 7), (2, 5), (3, 6)])
 def test_one_lucky_cross_rack_pair_is_outvoted(lucky):
     lat, bw = matrices(layout([2, 3, 3]), noise=0.1, seed=3)
