@@ -18,7 +18,7 @@ from scipy.cluster.hierarchy import DisjointSet, fcluster, linkage
 from scipy.spatial.distance import squareform
 
 __all__ = ["DEFAULT_SLOW_RATIO", "RackFit", "blind_ranks", "classify_contention", "clear_latency", "fan_clears",
-           "filled", "fit_racks", "held", "infer_racks", "nic_suspects", "place_blind", "renumber_racks", "slow_keys"]
+           "filled", "fit_racks", "held", "infer_racks", "nic_suspects", "place_behind_standing_queue", "place_blind", "renumber_racks", "slow_keys"]
 
 DEFAULT_RACK_GAP = 0.5
 DEFAULT_SLOW_RATIO = 0.6
@@ -462,6 +462,33 @@ def _rule_out_by_queue(fit: RackFit, lat: np.ndarray, clear_us: float) -> None:
             fit.candidates[j] = [g for g in fit.candidates[j] if g not in waits]
             if waits:
                 fit.evidence[j] = "latency: its pings to group(s) " + ", ".join(map(str, waits)) + " wait in a queue"
+
+
+def place_behind_standing_queue(fit: RackFit, latency_us: Any, clear_us: float, slow_groups: Sequence[int]) -> RackFit:
+    """Place a blind rank behind its rack's standing queue: another job's flows that keep
+    group ``g``'s uplink busy (``slow_groups``: the flows found that uplink slow) hold every
+    round trip between a member of ``g`` and the rest of the world, whichever way they go.
+    A blind rank whose pings to ``g`` are clear (at most ``clear_us`` one way) while its
+    pings to every other group wait, as ``g``'s members' pings to every other group do,
+    reaches ``g`` without crossing that queue: it is in ``g``. (Outside, its pings to ``g``
+    would wait; a queue at its own NIC would hold them all.) The blasts cannot place it: its
+    ping out of ``g`` waits at rest already, and a group of two has no member to spare."""
+    lat = _square("latency_us", latency_us, fit.n)
+    sym = _nearest(lat)[0]
+    for j in fit.blind:
+        if (j in fit.placed and j not in fit.tentative) or len(fit.groups) < 2:
+            continue
+        clear_to = [g for g, members in enumerate(fit.groups) if min(sym[j, k] for k in members) <= clear_us]
+        if len(clear_to) != 1 or clear_to[0] not in slow_groups or clear_to[0] not in fit.candidates.get(j, []):
+            continue
+        g = clear_to[0]
+        others = [k for h, members in enumerate(fit.groups) if h != g for k in members]
+        if all(sym[i, k] > clear_us for i in fit.groups[g] for k in others):
+            fit.placed[j] = g
+            fit.tentative.discard(j)
+            fit.evidence[j] = (f"its pings reach group {g} clear and wait to every other group, as its members' "
+                               "do behind their uplink's standing queue")
+    return fit
 
 
 def _place_by_latency(fit: RackFit, lat_labels: dict[int, int]) -> None:

@@ -39,6 +39,7 @@ from dssync.topology.infer import (
     filled,
     fit_racks,
     nic_suspects,
+    place_behind_standing_queue,
     place_blind,
 )
 from dssync.topology.model import Topology, Worker
@@ -582,6 +583,8 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
                 delays[a].setdefault(g, {})[kind] = ping
         # racks of blind ranks alone get no blast of their own: nothing clear to send
         place_blind(fit, delays, full, clear_us)
+        place_behind_standing_queue(fit, latency_us, clear_us,
+                                    [g for g, members in enumerate(fit.groups) if provisional[members[0]] in slow_up])
         racks = fit.racks()
     else:
         delays, racks = {}, provisional

@@ -11,12 +11,14 @@ from hypothesis import strategies as st
 
 from dssync.topology.infer import (
     classify_contention,
+    clear_latency,
     fan_clears,
     filled,
     fit_racks,
     held,
     infer_racks,
     nic_suspects,
+    place_behind_standing_queue,
     place_blind,
     renumber_racks,
 )
@@ -570,3 +572,55 @@ def test_a_blast_filled_its_queue_when_the_spare_member_waited():
     # slow (another job's flows leave the rack, layout 5,4 rack:0), else the far side's
     assert filled((3400.0, 2400.0), clear, uplink_slow=True)
     assert not filled((3400.0, 2400.0), clear, uplink_slow=False)
+
+
+def standing_queue_latency(outside=()):
+    """Racks 4,1,3 (ranks 4 and 5 blind), another job's flows leaving rack 2: every round trip
+    between rack 2 and the rest waits in that queue at rest (about 2 ms), every other one is
+    clear (about 80 us). Ranks in ``outside`` sit on racks of their own instead."""
+    racks = np.array([0, 0, 0, 0, 1, 2, 2, 2])
+    racks[list(outside)] = 10 + np.arange(len(outside))
+    behind = racks == 2
+    lat = np.where(np.not_equal.outer(behind, behind), 2000.0, 80.0) * np.random.default_rng(4).uniform(0.7, 1.3, (8, 8))
+    np.fill_diagonal(lat, 0.0)
+    return lat
+
+
+def queued_fit():
+    """What the pairs leave: the clear ranks' racks, ranks 4 and 5 blind and unplaced."""
+    from dssync.topology.infer import RackFit
+
+    return RackFit(n=8, groups=[[0, 1, 2, 3], [6, 7]], blind=[4, 5], candidates={4: [0, 1], 5: [0, 1]})
+
+
+@pytest.mark.parametrize("flagged", [True, False])
+def test_a_blind_rank_behind_its_racks_standing_queue_is_placed_there(flagged):
+    """Rank 5's pings reach ranks 6 and 7 clear and wait to everyone else, as theirs do: it
+    reaches them without crossing their uplink's queue. Rank 4's pings are clear to rack 0,
+    whose uplink holds no queue: it may be a member or alone, and stays unplaced. Only a
+    group whose uplink the flows found slow has a standing queue of its own."""
+    fit = place_behind_standing_queue(queued_fit(), standing_queue_latency(), 240.0, [1] if flagged else [])
+    if flagged:
+        assert fit.unplaced == [4] and fit.racks() == [0, 0, 0, 0, 1, 2, 2, 2] and fit.placed == {5: 1}
+    else:
+        assert fit.unplaced == [4, 5]
+
+
+def test_a_blind_rank_outside_the_queued_rack_is_not_placed_in_it():
+    """Rank 5 on a rack of its own: its pings to 6 and 7 cross their uplink's queue and wait."""
+    fit = place_behind_standing_queue(queued_fit(), standing_queue_latency(outside=[5]), 240.0, [1])
+    assert fit.unplaced == [4, 5]
+
+
+def test_recorded_blind_rank_behind_a_standing_queue():
+    """Layout 0 of `dssync bench probe-layouts --seed 0` (4,1,3, NICs 4 and 5 at 200 Mbit/s,
+    another job leaving rack 2), recorded: rank 5's ping out of its rack in rack 2's blast
+    waited at rest already and the rack of two had no member to spare, so it stayed unplaced."""
+    probe = json.loads((Path(__file__).parent / "data" / "emulated_probes.json").read_text())["standing_queue"]
+    lat, bw = probe["latency_us"], probe["bandwidth_gbps"]
+    fit = fit_racks(lat, bw)
+    assert fit.unplaced == [4, 5]
+    slow = {u["rack"] for u in classify_contention(bw, fit.racks())["uplinks"]}
+    place_behind_standing_queue(fit, lat, clear_latency(np.asarray(lat)),
+                                [g for g, members in enumerate(fit.groups) if fit.racks()[members[0]] in slow])
+    assert fit.racks() == [0, 0, 0, 0, 1, 2, 2, 2] and fit.unplaced == [4]
