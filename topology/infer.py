@@ -298,10 +298,11 @@ def fit_racks(
         (metric, ranks, dist), labels = informative[-1]  # bandwidth first
     else:
         metric, ranks, dist, labels = "none", clear, None, [0] * len(clear)
-    if metric == "latency" and blind and not _far_apart(lat, ranks, labels, clear, clear_us):
-        # Bandwidth saw slow NICs and one rack of clear ranks. Latency may split those only by
-        # a gap no busy host or half-drained queue makes: on a 3,1 layout whose rack 0 carried
-        # another job's flows, pings of 80 against 130 us split its three workers.
+    if metric == "latency" and bw is not None and not _far_apart(lat, ranks, labels, clear, clear_us):
+        # Bandwidth saw one rack of clear ranks. Latency may split those only by a gap no busy
+        # host or half-drained queue makes: on a 3,1 layout whose rack 0 carried another job's
+        # flows, pings of 80 against 130 us split its three workers, and on a 4,1 layout one
+        # round trip of 1.9 ms (192 us the other way) split four rack-mates three ways.
         metric, ranks, dist, labels = "bandwidth", clear, None, [0] * len(clear)
     if metric == "latency":
         blind = [i for i in range(n) if i not in ranks]  # latency does not see NIC rates, only queues

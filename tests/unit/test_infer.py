@@ -498,6 +498,19 @@ def test_latency_noise_does_not_split_the_one_rack_bandwidth_saw():
     assert found[0] == found[1] == found[2] and fit.blind == [3]
 
 
+def test_one_slow_round_trip_does_not_split_the_one_rack_bandwidth_saw():
+    """Recorded on a 4,1 layout whose rank 1 shares its NIC with another job (its pings all
+    wait): every flow of the clear ranks ran at their NICs' rate, and one round trip of
+    1.9 ms (192 us the other way) made latency split ranks 0, 2, 3 and 4 three ways."""
+    _, bw = matrices([0] * 5, seed=2)
+    bw[1, :] = 0.2  # the other job's streams leave through rank 1's NIC
+    np.fill_diagonal(bw, 0.0)
+    lat = np.array([[0, 1346, 41, 192, 77], [1271, 0, 1244, 543, 1175], [40, 1172, 0, 55, 49],
+                    [1936, 1287, 53, 0, 111], [55, 1128, 65, 78, 0]], dtype=float)
+    found = fit_racks(lat, bw).racks()
+    assert found[0] == found[2] == found[3] == found[4]
+
+
 def test_a_fan_clears_a_healthy_nic_whose_every_peer_is_behind_a_slow_link():
     """Racks 1,3,1: rank 0's NIC is slow (0.15 Gbit/s), rack 1's uplink is slow (0.15), rank 4
     is healthy. Pairwise, ranks 0 and 4 look alike: every flow of each runs at 0.13. At once,
