@@ -276,16 +276,20 @@ def fit_racks(
     choices: list[tuple[str, list[int], np.ndarray | None]] = [
         ("latency", lat_ranks, _with_profile(_ratio_to_nearest(lat[lat_sub]), np.ones((len(lat_ranks),) * 2, dtype=bool),
                                              gap))]
-    held_back: tuple[np.ndarray, np.ndarray] | None = None  # bandwidth's raw cost and known pairs
+    held_back: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # raw cost, known pairs, steady ranks
     if bw is not None:
         cost, known = _bandwidth_cost(bw, slow_ratio)
         sub = np.ix_(clear, clear)
-        held_back = (cost[sub], known[sub])
+        out_slow, in_slow = _slow_ends(np.where(np.eye(n, dtype=bool), 0.0, bw), slow_ratio)
+        held_back = (cost[sub], known[sub], ~(out_slow | in_slow)[clear])
         choices.append(("bandwidth", clear, _with_profile(_ratio_to_nearest(cost[sub]), known[sub], gap)))
 
     def clusters(metric: str, dist: np.ndarray) -> list[int]:
         labels = _cluster(dist, gap)
-        return _merge_unseparated(labels, *held_back, gap) if metric == "bandwidth" and held_back else labels
+        if metric != "bandwidth" or held_back is None:
+            return labels
+        cost_sub, known_sub, steady = held_back
+        return _merge_unseparated(labels, cost_sub, known_sub, gap, steady)
 
     # A metric speaks only if its clusters are clearly apart: on a busy host, ping-pong
     # latency can be pure scheduling noise (hundreds of µs on some pairs), and taking the
@@ -293,7 +297,7 @@ def fit_racks(
     # speaks when its flows show every boundary (``_evidenced``), lucky cross-rack pairs or not.
     labelled = [(c, clusters(c[0], c[2])) for c in choices if c[2] is not None]
     informative = [(c, labels) for c, labels in labelled if _separated(c[2], labels)
-                   or (c[0] == "bandwidth" and held_back is not None and _evidenced(labels, *held_back, gap))]
+                   or (c[0] == "bandwidth" and held_back is not None and _evidenced(labels, *held_back[:2], gap))]
     if informative:
         (metric, ranks, dist), labels = informative[-1]  # bandwidth first
     else:
@@ -329,20 +333,28 @@ def fit_racks(
 MERGE_SEARCH_GROUPS = 12
 
 
-def _fewest_racks(units: list[list[int]], ratio: np.ndarray, known: np.ndarray, gap: float) -> list[list[int]]:
+def _fewest_racks(units: list[list[int]], ratio: np.ndarray, known: np.ndarray, gap: float,
+                  prefer: list[int] | None = None) -> list[list[int]]:
     """The fewest racks, each a union of whole ``units`` (lists of rank indices), that keep
     together no pair held back (a ``ratio`` above ``1 + gap``) or never measured through
-    clear NICs (``known``); among those, the one whose merged pairs ran fastest. Exact
-    branch and bound: a unit joins a rack only if it fits every unit there."""
+    clear NICs (``known``); among those, the one that agrees best with ``prefer`` (a label
+    per rank: fewest units joined that it keeps apart, and kept apart that it joins), then
+    whose joined pairs ran fastest. Exact branch and bound: a unit joins a rack only if it
+    fits every unit there."""
     m = len(units)
     between = [[ratio[np.ix_(units[a], units[b])] for b in range(m)] for a in range(m)]
     fits = [[a != b and bool(known[np.ix_(units[a], units[b])].all()) and float(between[a][b].max()) <= 1.0 + gap
              for b in range(m)] for a in range(m)]
-    weight = [[float(between[a][b].mean()) for b in range(m)] for a in range(m)]
+    agree = [[0.0 if prefer is None else (1.0 if prefer[units[a][0]] != prefer[units[b][0]] else -1.0)
+              for b in range(m)] for a in range(m)]
+    weight = [[agree[a][b] + 1e-3 * float(between[a][b].mean()) for b in range(m)] for a in range(m)]
     best: list[Any] = [m + 1, float("inf"), [[u] for u in range(m)]]
 
     def search(k: int, sets: list[list[int]], score: float) -> None:
-        if len(sets) > best[0] or (len(sets) == best[0] and score >= best[1]):
+        # joining never lowers the score without ``prefer``; with it, only the count prunes
+        if len(sets) > best[0] or (prefer is None and len(sets) == best[0] and score >= best[1]):
+            return
+        if k == m and len(sets) == best[0] and score >= best[1]:
             return
         if k == m:
             best[:] = [len(sets), score, [list(s) for s in sets]]
@@ -369,11 +381,13 @@ def _labels(groups: list[list[int]], n: int) -> list[int]:
     return out
 
 
-def _merge_unseparated(labels: list[int], cost: np.ndarray, known: np.ndarray, gap: float) -> list[int]:
+def _merge_unseparated(labels: list[int], cost: np.ndarray, known: np.ndarray, gap: float,
+                       steady: np.ndarray) -> list[int]:
     """Clusters (``labels``, one per rank of ``cost``) joined into the fewest racks that keep
     together no pair whose flow was held back; where the ranks fit a partition that the flows
     evidence (``_evidenced``) in fewer racks, or in as many while the clusters keep such a
-    pair, that partition.
+    pair, that partition. Where a cluster keeps a held-back pair of two ``steady`` ranks
+    (NICs clear both ways), the fewest racks that keep every held-back pair apart.
 
     In a round of disjoint pairs a rack-mate's flow shares only its two NICs, so a pair whose
     path ran more than ``1 + gap`` times slower than both NICs allow (``cost``, over the typical
@@ -386,7 +400,9 @@ def _merge_unseparated(labels: list[int], cost: np.ndarray, known: np.ndarray, g
     (``known``) and none was held back (``_fewest_racks``). A held-back pair inside a cluster
     is not always a boundary: a NIC shared with another job's flow one way holds back some
     of its rack-mates' flows that way too, and then no partition is evidenced and the
-    clusters stand. Exact searches over up to ``MERGE_SEARCH_GROUPS`` clusters, and ranks.
+    clusters stand; between two ranks whose NICs are clear both ways it is (1,3,5: rank 0's
+    flows to ranks 1 and 2 had the uplinks to themselves, its flow to rank 3 ran at 0.61 of
+    both NICs, and linkage put it in their rack). Exact searches over up to ``MERGE_SEARCH_GROUPS`` clusters, and ranks.
     """
     ratio = _ratio_to_nearest(cost)
     keys = sorted(set(labels))
@@ -395,11 +411,15 @@ def _merge_unseparated(labels: list[int], cost: np.ndarray, known: np.ndarray, g
     n = len(labels)
     merged = _labels(_fewest_racks([[i for i in range(n) if labels[i] == key] for key in keys], ratio, known, gap), n)
     if n <= MERGE_SEARCH_GROUPS:
-        by_rank = _labels(_fewest_racks([[i] for i in range(n)], ratio, known, gap), n)
+        by_rank = _labels(_fewest_racks([[i] for i in range(n)], ratio, known, gap, merged), n)
         fewer = len(set(by_rank)) < len(set(merged)) or (
             len(set(by_rank)) == len(set(merged)) and not _evidenced(merged, cost, known, gap))
         if fewer and _evidenced(by_rank, cost, known, gap):
             return by_rank
+        lab = np.asarray(merged)
+        inside = np.equal.outer(lab, lab) & np.logical_and.outer(steady, steady) & known
+        if np.any(ratio[inside] > 1.0 + gap):
+            return by_rank  # a held-back flow between two ranks whose NICs are clear both ways
     return merged
 
 
