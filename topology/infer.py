@@ -102,6 +102,12 @@ CONFIDENT_MARGIN = 1.25
 #: A ping during a rack's egress blast (``place_blind``) this many times slower than the same
 #: ping idle waited behind that rack's uplink queue.
 DELAY_RATIO = 3.0
+#: A ping that waited behind a full queue during a blast took at least this many times its
+#: idle time (``held``). Recorded on the emulated racks (5 ms tbf queues): waits behind a
+#: blast's queue took 6.6 to 41 times their idle time (0.5 to 3.2 ms), while pings that only
+#: met a busy host during a blast took at most 4.6 times (0.24 ms); at three times, two
+#: such pings placed a worker of a 2,5 layout in the wrong rack with confidence.
+WAIT_RATIO = 5.0
 #: A blast is sharp (a queue filled at a link its members share) when they sent below this
 #: fraction of what their NICs carried alone.
 SHARP_RATIO = 0.6
@@ -586,14 +592,14 @@ def _rule_out(fit: RackFit, bw: np.ndarray, hosts: Sequence[str] | None) -> None
 def held(ping: tuple[float, float] | None, clear_us: float, full: bool) -> bool | None:
     """Whether a ping ``(during, idle)`` waited behind a blast's queue (µs one way): it was
     clear at rest (at most ``clear_us``) and not during the blast (above both ``clear_us``
-    and ``DELAY_RATIO`` times its idle time). ``None`` when the ping cannot tell: none was
+    and ``WAIT_RATIO`` times its idle time). ``None`` when the ping cannot tell: none was
     sent, it was behind a queue of other traffic at rest already, or the blast's queue was
     not known to be ``full`` (then a wait may be another queue's: another job's flows
     across an uplink now and then drain its queue, so one fast ping at rest proves little,
     and a blast that its receivers hold back fills no queue at its own uplink)."""
     if ping is None or not full or not 0 < ping[1] <= clear_us:
         return None
-    return bool(ping[0] > max(clear_us, DELAY_RATIO * ping[1]))
+    return bool(ping[0] > max(clear_us, WAIT_RATIO * ping[1]))
 
 
 def filled(spare: tuple[float, float], clear_us: float, uplink_slow: bool) -> bool:
@@ -616,7 +622,7 @@ def place_blind(fit: RackFit, delays: dict[int, dict[int, dict[str, tuple[float,
     where ``g`` has a member to spare, a quiet member of ``g`` (``"in"``): ``delays[j][g][k]``
     is ``(one-way µs during the blast, its lower quartile; one-way µs between the same ranks
     at rest, the fastest)``. A round trip crosses ``g``'s uplink queue outwards exactly when one
-    end is in ``g`` and the other is not: so a ping to the outside waits (``DELAY_RATIO``
+    end is in ``g`` and the other is not: so a ping to the outside waits (``WAIT_RATIO``
     times its idle time or more; on the emulated racks 1 to 2.5 ms against 0.15 to 0.3 ms)
     if ``j`` is in ``g``, and a ping to the inside waits if it is not. A slow NIC does not
     slow a small message, so this sees the path of a rank whose flows cannot. What a ping

@@ -410,6 +410,8 @@ def test_pings_already_behind_a_queue_at_rest_or_disagreeing_place_nobody():
 def test_held_needs_a_clear_idle_ping_and_a_real_wait():
     assert held((1500.0, 100.0), 300.0, True) is True
     assert held((250.0, 60.0), 300.0, True) is False  # 4x its idle time, but still clear
+    assert held((450.0, 100.0), 300.0, True) is False  # past clear, but a busy host's 4.5x, no queue's
+    assert held((520.0, 100.0), 300.0, True) is True
     assert held((150.0, 100.0), 300.0, False) is None  # did not wait, but no queue was known full
     assert held((1500.0, 100.0), 300.0, False) is None  # waited, but maybe in another queue
     assert held((2500.0, 1500.0), 300.0, True) is None  # behind another queue at rest already
