@@ -521,7 +521,13 @@ def place_behind_standing_queue(fit: RackFit, latency_us: Any, clear_us: float, 
 def _place_by_latency(fit: RackFit, lat_labels: dict[int, int]) -> None:
     """Where latency separates racks the same way bandwidth does on the clear ranks, it
     places the blind ranks too (a slow NIC does not slow a small message). ``lat_labels``:
-    the latency cluster of each rank it clustered (not those behind a queue of their own)."""
+    the latency cluster of each rank it clustered (not those behind a queue of their own).
+    With one group of clear ranks there is no boundary for latency to agree on, and a blind
+    rank's clear pings to the group say nothing: an outsider's are as clear where no queue
+    sits between (1,3,1 with another job leaving rack 1, whose queue had drained while the
+    pings ran: the rack of one came out inside rack 1)."""
+    if len(fit.groups) < 2:
+        return
     label_of = {}
     for g, members in enumerate(fit.groups):
         labels = {lat_labels.get(i) for i in members}

@@ -513,6 +513,20 @@ def test_one_slow_round_trip_does_not_split_the_one_rack_bandwidth_saw():
     assert found[0] == found[2] == found[3] == found[4]
 
 
+def test_clear_pings_to_the_one_clear_rack_do_not_place_a_blind_rank_in_it():
+    """Recorded on 1,3,1 (rank 4's NIC at 250 Mbit/s, another job leaving rack 1, whose queue
+    had drained while the pings ran): ranks 0 and 4 are blind, and rank 0's pings to ranks
+    1-3 are clear. So would an outsider's be with no queue between: it stays unplaced, a rack
+    of its own, and is named."""
+    bw = np.array([[0, .14, .19, .15, .23], [.13, 0, .95, .95, .09], [.14, .95, 0, .95, .13],
+                   [.13, .95, .95, 0, .12], [.23, .15, .15, .15, 0]])
+    lat = np.array([[0, 63, 67, 65, 173], [61, 0, 100, 56, 2105], [54, 53, 0, 81, 46],
+                    [61, 39, 64, 0, 65], [151, 1917, 64, 547, 0]], dtype=float)
+    fit = fit_racks(lat, bw)
+    assert fit.groups == [[1, 2, 3]] and 0 in fit.unplaced
+    assert fit.racks() == [0, 1, 1, 1, 2] and not fit.confidence()["confident"]
+
+
 def test_a_fan_clears_a_healthy_nic_whose_every_peer_is_behind_a_slow_link():
     """Racks 1,3,1: rank 0's NIC is slow (0.15 Gbit/s), rack 1's uplink is slow (0.15), rank 4
     is healthy. Pairwise, ranks 0 and 4 look alike: every flow of each runs at 0.13. At once,
