@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import combinations
 from typing import Any
 
 import numpy as np
@@ -99,8 +100,8 @@ CROSS_RATIO = 0.5
 #: A boundary, or a worker's place, is confident when every worker it separates is at least
 #: this many times farther (on average) from the other rack than from its own.
 CONFIDENT_MARGIN = 1.25
-#: A ping during a rack's egress blast (``place_blind``) this many times slower than the same
-#: ping idle waited behind that rack's uplink queue.
+#: A path is clear (no queue on it) up to this many times the typical nearest-neighbour
+#: latency (``clear_latency``).
 DELAY_RATIO = 3.0
 #: A ping that waited behind a full queue during a blast took at least this many times its
 #: idle time (``held``). Recorded on the emulated racks (5 ms tbf queues): waits behind a
@@ -282,20 +283,22 @@ def fit_racks(
     choices: list[tuple[str, list[int], np.ndarray | None]] = [
         ("latency", lat_ranks, _with_profile(_ratio_to_nearest(lat[lat_sub]), np.ones((len(lat_ranks),) * 2, dtype=bool),
                                              gap))]
-    held_back: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # raw cost, known pairs, steady ranks
+    held_back: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # bandwidth ratio, known pairs, steady ranks
     if bw is not None:
         cost, known = _bandwidth_cost(bw, slow_ratio)
         sub = np.ix_(clear, clear)
         out_slow, in_slow = _slow_ends(np.where(np.eye(n, dtype=bool), 0.0, bw), slow_ratio)
-        held_back = (cost[sub], known[sub], ~(out_slow | in_slow)[clear])
-        choices.append(("bandwidth", clear, _with_profile(_ratio_to_nearest(cost[sub]), known[sub], gap)))
+        ratio = _ratio_to_nearest(cost[sub])
+        if ratio is not None:
+            held_back = (ratio, known[sub], ~(out_slow | in_slow)[clear])
+        choices.append(("bandwidth", clear, _with_profile(ratio, known[sub], gap)))
 
     def clusters(metric: str, dist: np.ndarray) -> list[int]:
         labels = _cluster(dist, gap)
         if metric != "bandwidth" or held_back is None:
             return labels
-        cost_sub, known_sub, steady = held_back
-        return _merge_unseparated(labels, cost_sub, known_sub, gap, steady)
+        ratio, known_sub, steady = held_back
+        return _merge_unseparated(labels, ratio, known_sub, steady, gap)
 
     # A metric speaks only if its clusters are clearly apart: on a busy host, ping-pong
     # latency can be pure scheduling noise (hundreds of µs on some pairs), and taking the
@@ -334,7 +337,7 @@ def fit_racks(
     return fit
 
 
-#: Above this many clusters (ranks, for ``_evidenced_racks``) the fewest-racks search is
+#: Above this many clusters (ranks, for the search over ranks) the fewest-racks search is
 #: skipped: it is exact, and in the worst case grows like the partitions of its units.
 MERGE_SEARCH_GROUPS = 12
 
@@ -360,10 +363,9 @@ def _fewest_racks(units: list[list[int]], ratio: np.ndarray, known: np.ndarray, 
         # joining never lowers the score without ``prefer``; with it, only the count prunes
         if len(sets) > best[0] or (prefer is None and len(sets) == best[0] and score >= best[1]):
             return
-        if k == m and len(sets) == best[0] and score >= best[1]:
-            return
         if k == m:
-            best[:] = [len(sets), score, [list(s) for s in sets]]
+            if len(sets) < best[0] or score < best[1]:
+                best[:] = [len(sets), score, [list(s) for s in sets]]
             return
         for s in sets:
             if all(fits[k][g] for g in s):
@@ -387,17 +389,17 @@ def _labels(groups: list[list[int]], n: int) -> list[int]:
     return out
 
 
-def _merge_unseparated(labels: list[int], cost: np.ndarray, known: np.ndarray, gap: float,
-                       steady: np.ndarray) -> list[int]:
-    """Clusters (``labels``, one per rank of ``cost``) joined into the fewest racks that keep
+def _merge_unseparated(labels: list[int], ratio: np.ndarray, known: np.ndarray, steady: np.ndarray,
+                       gap: float) -> list[int]:
+    """Clusters (``labels``, one per rank of ``ratio``) joined into the fewest racks that keep
     together no pair whose flow was held back; where the ranks fit a partition that the flows
     evidence (``_evidenced``) in fewer racks, or in as many while the clusters keep such a
     pair, that partition. Where a cluster keeps a held-back pair of two ``steady`` ranks
     (NICs clear both ways), the fewest racks that keep every held-back pair apart.
 
     In a round of disjoint pairs a rack-mate's flow shares only its two NICs, so a pair whose
-    path ran more than ``1 + gap`` times slower than both NICs allow (``cost``, over the typical
-    nearest-neighbour cost) crossed a link some other flow of its round used: the two are in
+    path ran more than ``1 + gap`` times slower than both NICs allow (``ratio``: its bandwidth
+    cost over the typical nearest-neighbour cost) crossed a link some other flow of its round used: the two are in
     different racks. A fast flow proves nothing (a cross-rack pair alone on its uplink in its
     round runs at full speed), and with few ranks two such lucky flows outvote a rack-mate's
     in ``_with_profile`` and split a rack (2,3 with another job on a NIC: one rack of three
@@ -410,17 +412,16 @@ def _merge_unseparated(labels: list[int], cost: np.ndarray, known: np.ndarray, g
     flows to ranks 1 and 2 had the uplinks to themselves, its flow to rank 3 ran at 0.61 of
     both NICs, and linkage put it in their rack). Exact searches over up to ``MERGE_SEARCH_GROUPS`` clusters, and ranks.
     """
-    ratio = _ratio_to_nearest(cost)
     keys = sorted(set(labels))
-    if ratio is None or len(keys) > MERGE_SEARCH_GROUPS:
+    if len(keys) > MERGE_SEARCH_GROUPS:
         return labels
     n = len(labels)
     merged = _labels(_fewest_racks([[i for i in range(n) if labels[i] == key] for key in keys], ratio, known, gap), n)
     if n <= MERGE_SEARCH_GROUPS:
         by_rank = _labels(_fewest_racks([[i] for i in range(n)], ratio, known, gap, merged), n)
         fewer = len(set(by_rank)) < len(set(merged)) or (
-            len(set(by_rank)) == len(set(merged)) and not _evidenced(merged, cost, known, gap))
-        if fewer and _evidenced(by_rank, cost, known, gap):
+            len(set(by_rank)) == len(set(merged)) and not _evidenced(merged, ratio, known, gap))
+        if fewer and _evidenced(by_rank, ratio, known, gap):
             return by_rank
         lab = np.asarray(merged)
         inside = np.equal.outer(lab, lab) & np.logical_and.outer(steady, steady) & known
@@ -429,24 +430,23 @@ def _merge_unseparated(labels: list[int], cost: np.ndarray, known: np.ndarray, g
     return merged
 
 
-def _evidenced(labels: list[int], cost: np.ndarray, known: np.ndarray, gap: float) -> bool:
+def _evidenced(labels: list[int], ratio: np.ndarray, known: np.ndarray, gap: float) -> bool:
     """Whether the flows show every boundary of ``labels`` and none inside: two racks or
     more, no pair inside a rack held back (above ``1 + gap`` of the typical nearest cost,
     see ``_merge_unseparated``), and between every two racks most pairs held back. Lucky
     cross-rack pairs (alone on their uplinks in their round) are a minority of their
     boundary's pairs and do not hide it, as they do ``_separated``'s percentiles."""
-    ratio = _ratio_to_nearest(cost)
     lab = np.asarray(labels)
-    if ratio is None or len(set(labels)) < 2:
+    if len(set(labels)) < 2:
         return False
     same = np.equal.outer(lab, lab) & ~np.eye(len(lab), dtype=bool)
     if np.any(ratio[same & known] > 1.0 + gap):
         return False
-    for a in set(labels):
-        for b in set(labels):
-            cross = ratio[np.ix_(lab == a, lab == b)][known[np.ix_(lab == a, lab == b)]]
-            if a < b and (cross.size == 0 or float(np.median(cross)) <= 1.0 + gap):
-                return False
+    for a, b in combinations(sorted(set(labels)), 2):
+        pairs = np.ix_(lab == a, lab == b)
+        cross = ratio[pairs][known[pairs]]
+        if cross.size == 0 or float(np.median(cross)) <= 1.0 + gap:
+            return False
     return True
 
 
@@ -500,10 +500,11 @@ def place_behind_standing_queue(fit: RackFit, latency_us: Any, clear_us: float, 
     reaches ``g`` without crossing that queue: it is in ``g``. (Outside, its pings to ``g``
     would wait; a queue at its own NIC would hold them all.) The blasts cannot place it: its
     ping out of ``g`` waits at rest already, and a group of two has no member to spare."""
-    lat = _square("latency_us", latency_us, fit.n)
-    sym = _nearest(lat)[0]
+    if len(fit.groups) < 2:
+        return fit
+    sym = _nearest(_square("latency_us", latency_us, fit.n))[0]
     for j in fit.blind:
-        if (j in fit.placed and j not in fit.tentative) or len(fit.groups) < 2:
+        if j in fit.placed and j not in fit.tentative:
             continue
         clear_to = [g for g, members in enumerate(fit.groups) if min(sym[j, k] for k in members) <= clear_us]
         if len(clear_to) != 1 or clear_to[0] not in slow_groups or clear_to[0] not in fit.candidates.get(j, []):
