@@ -19,6 +19,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -57,6 +58,7 @@ __all__ = [
 
 BACKENDS = ("builtin", "iperf3")
 _TAG = 0x5D5  # probe messages on their own tag, apart from any other send/recv on the world
+_WINDOW = 2  # a stream's unacked messages: one on the wire while the next waits behind it
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,9 @@ class _Link:
     def __init__(self, rank: int, timeout_s: float) -> None:
         self.rank, self.timeout = rank, datetime.timedelta(seconds=timeout_s)
 
+    def wait(self, work: Any, peer: int, what: str) -> None:
+        self._wait([(work, peer)], what)
+
     def _wait(self, works: list[tuple[Any, int]], what: str) -> None:
         for work, peer in works:
             try:
@@ -172,7 +177,7 @@ class _Link:
                     f"(timeout {self.timeout.total_seconds():.0f} s): {first}"
                 ) from None
 
-    def _start(self, op: Callable[..., Any], tensor: torch.Tensor, peer: int, what: str) -> Any:
+    def start(self, op: Callable[..., Any], tensor: torch.Tensor, peer: int, what: str) -> Any:
         try:
             return op(tensor, peer, tag=_TAG)
         except RuntimeError as exc:
@@ -180,10 +185,10 @@ class _Link:
             raise CommunicationError(f"rank {self.rank}: probe {what} with peer {peer} failed: {first}") from None
 
     def send(self, tensor: torch.Tensor, peers: list[int], what: str) -> None:
-        self._wait([(self._start(dist.isend, tensor, p, what), p) for p in peers], what)
+        self._wait([(self.start(dist.isend, tensor, p, what), p) for p in peers], what)
 
     def recv(self, tensors: list[torch.Tensor], peers: list[int], what: str) -> None:
-        works = [(self._start(dist.irecv, t, p, what), p) for t, p in zip(tensors, peers, strict=True)]
+        works = [(self.start(dist.irecv, t, p, what), p) for t, p in zip(tensors, peers, strict=True)]
         self._wait(works, what)
 
 
@@ -225,36 +230,55 @@ def _stream(link: _Link, peer: int, send: bool, cfg: ProbeConfig, payload: torch
             what: str = "bandwidth") -> float | None:
     """Sender-side Gbit/s of a timed stream (``iperf3 -t`` style), ``None`` on the receiver.
 
-    After one untimed warm-up message (TCP slow start, socket buffers), the sender sends
-    ``payload``-sized messages back to back for ``cfg.bandwidth_seconds``; the first byte of
-    each message tells the receiver whether another follows, and the receiver's ack of the
-    last one stops the clock. A fixed duration, not a fixed byte count: every pair of a round
-    streams for the same span, so flows that leave a rack together share its uplink for all
-    of it (the only sign, pairwise, of an oversubscribed uplink whose single-flow rate equals
-    a NIC's), and the figure measures what ``iperf3 -t`` measures over the same round.
+    The receiver acks every ``payload``-sized message, until a one-byte message whose byte
+    is 0 says the stream is over. One warm-up message (TCP slow start, socket buffers) goes
+    first; the clock starts at its ack and the rate is the bytes sent after it over the time
+    to the last one's ack. Every flow of a round sends until the same deadline,
+    ``cfg.bandwidth_seconds`` after it began, so flows that leave a rack together share its
+    uplink for all of it (the only sign, pairwise, of an oversubscribed uplink whose
+    single-flow rate equals a NIC's), as in an ``iperf3 -t`` test of the same span.
+
+    The acks bound the stream's tail: at most ``_WINDOW`` messages are unacked, so one
+    message at most is still on its way when the deadline comes. Without them the socket
+    buffers (megabytes) still held data then, and a flow starved behind another job's
+    streams took up to a second to drain them (a round of 0.25 s took 1.4 s on
+    ``inter-rack+nic``).
     """
-    ack = torch.zeros(1, dtype=torch.uint8)
     if not send:
-        link.recv([payload], [peer], f"{what} warm-up")
+        ack = torch.zeros(1, dtype=torch.uint8)
         while True:
-            link.recv([payload], [peer], f"{what} recv")
+            link.recv([payload], [peer], f"{what} recv")  # gloo takes a shorter message into it
             if payload[0].item() == 0:
-                break
-        link.send(ack, [peer], f"{what} ack")
-        return None
+                return None
+            link.send(ack, [peer], f"{what} ack")
+    size = payload.numel()
     payload[0] = 1
-    link.send(payload, [peer], f"{what} warm-up")
-    t0 = time.perf_counter()
-    sent = 0
-    while True:
-        last = time.perf_counter() - t0 >= cfg.bandwidth_seconds
-        payload[0] = 0 if last else 1
+    acks: deque[Any] = deque()
+
+    def post() -> None:
         link.send(payload, [peer], f"{what} send")
-        sent += 1
-        if last:
+        acks.append(link.start(dist.irecv, torch.zeros(1, dtype=torch.uint8), peer, f"{what} ack"))
+
+    def acked() -> float:
+        link.wait(acks.popleft(), peer, f"{what} ack")
+        return time.perf_counter()
+
+    begin = time.perf_counter()
+    post()  # the warm-up
+    t0 = t_end = acked()
+    timed = 0  # messages acked after the clock started
+    while True:
+        if len(acks) >= _WINDOW:
+            t_end, timed = acked(), timed + 1
+        if time.perf_counter() >= begin + cfg.bandwidth_seconds:
             break
-    link.recv([ack], [peer], f"{what} ack")
-    return sent * payload.numel() * 8 / (time.perf_counter() - t0) / 1e9
+        post()
+    while acks:
+        t_end, timed = acked(), timed + 1
+    link.send(torch.zeros(1, dtype=torch.uint8), [peer], f"{what} stop")
+    if not timed:  # the warm-up took the whole span: its own rate is all there is
+        return size * 8 / (t0 - begin) / 1e9
+    return timed * size * 8 / (t_end - t0) / 1e9
 
 
 def _latency_pair(link: _Link, rank: int, peer: int, cfg: ProbeConfig) -> dict[tuple[int, int], float]:
