@@ -390,7 +390,7 @@ def _streams(link: _Link, rank: int, flows: list[tuple[int, int]], cfg: ProbeCon
     The timed-stream protocol of ``_stream``, one thread per flow end, so flows are
     independent: a flow held back by its path sends less without holding back this rank's
     other flows (a NIC that is not the bottleneck shows as the sum of its flows). Each flow's
-    clock runs from its warm-up message to the sink's ack of its last message.
+    clock runs from the sink's ack of its warm-up message to the ack of its last one.
     """
     dsts = [d for s, d in flows if s == rank]
     srcs = [s for s, d in flows if d == rank]
