@@ -57,7 +57,8 @@ def _ratio_to_nearest(cost: np.ndarray) -> np.ndarray | None:
     return out
 
 
-def _bandwidth_cost(bw: np.ndarray, slow_ratio: float = DEFAULT_SLOW_RATIO) -> tuple[np.ndarray, np.ndarray]:
+def _bandwidth_cost(bw: np.ndarray, slow_ratio: float = DEFAULT_SLOW_RATIO,
+                    queued: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
     """How many times slower each pair's path is than its endpoints' NICs allow.
 
     Direction by direction, a flow ``i -> j`` costs ``min(out_i, in_j) / bw[i, j]``, where
@@ -67,7 +68,8 @@ def _bandwidth_cost(bw: np.ndarray, slow_ratio: float = DEFAULT_SLOW_RATIO) -> t
     rack). A direction whose sending NIC (or receiving NIC) is itself slow, its best flow below
     ``slow_ratio`` times the median rank's, says nothing about the path (every flow through
     that NIC is slow alike) and is left out, so a rank whose NIC is shared with another job
-    still joins its rack through its clear direction. Also returns which pairs had such an
+    still joins its rack through its clear direction (for a ``queued`` rank, the loaded
+    direction is left out, see ``_slow_ends``). Also returns which pairs had such an
     informative direction (a rank whose NIC is slow both ways sees no path at all).
     """
     bw = bw.copy()
@@ -75,7 +77,7 @@ def _bandwidth_cost(bw: np.ndarray, slow_ratio: float = DEFAULT_SLOW_RATIO) -> t
     out_best, in_best = bw.max(axis=1), bw.max(axis=0)
     cost = np.full_like(bw, np.nan)
     np.divide(np.minimum.outer(out_best, in_best), bw, out=cost, where=bw > 0)
-    blind = np.logical_or.outer(*_slow_ends(bw, slow_ratio))
+    blind = np.logical_or.outer(*_slow_ends(bw, slow_ratio, queued))
     seen = np.where(blind, np.nan, cost)
     known = ~np.isnan(seen) | ~np.isnan(seen.T)
     with np.errstate(invalid="ignore"):
@@ -190,11 +192,32 @@ class RackFit:
         }
 
 
-def _slow_ends(bw: np.ndarray, slow_ratio: float) -> tuple[np.ndarray, np.ndarray]:
+def _slow_ends(bw: np.ndarray, slow_ratio: float, queued: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
     """Per rank, whether its best outgoing and its best incoming flow (diagonal zero) are
-    below ``slow_ratio`` of the median rank's: its NIC, not the path, bounds that direction."""
+    below ``slow_ratio`` of the median rank's: its NIC, not the path, bounds that direction.
+    A ``queued`` rank (``queued_ranks``) shares its NIC with another job, so its loaded
+    direction counts as slow even where one lucky flow of it ran fast (``_loaded``)."""
     out_best, in_best = bw.max(axis=1), bw.max(axis=0)
-    return out_best < slow_ratio * np.median(out_best), in_best < slow_ratio * np.median(in_best)
+    out_slow, in_slow = out_best < slow_ratio * np.median(out_best), in_best < slow_ratio * np.median(in_best)
+    for i in queued:
+        if not (out_slow[i] or in_slow[i]):
+            (out_slow if _loaded(bw, i) == "out" else in_slow)[i] = True
+    return out_slow, in_slow
+
+
+def _loaded(bw: np.ndarray, i: int) -> str:
+    """The direction of rank ``i``'s NIC that another job's flows load: the one whose median
+    flow is slower (``"out"`` or ``"in"``; diagonal zero)."""
+    others = np.arange(len(bw)) != i
+    return "out" if np.median(bw[i, others]) <= np.median(bw[others, i]) else "in"
+
+
+def queued_ranks(latency_us: Any) -> list[int]:
+    """Ranks behind a standing queue at their own NIC: even their fastest ping to anyone
+    waits (above ``clear_latency``). Another job's flows fill that queue, so the rank's NIC
+    is contended (paper Fig. 6) however fast one flow of it ran in a lull of that job's."""
+    lat = _square("latency_us", latency_us)
+    return np.flatnonzero(_nearest(lat)[1] > clear_latency(lat)).tolist()
 
 
 def blind_ranks(bandwidth_gbps: Any, slow_ratio: float = DEFAULT_SLOW_RATIO) -> list[int]:
@@ -277,7 +300,7 @@ def fit_racks(
     # A rank whose pings to everyone wait sits behind a queue of its own (its NIC shared with
     # another job's flows): that is no rack boundary, so latency clusters the others only.
     clear_us = clear_latency(lat)
-    queued = np.flatnonzero(_nearest(lat)[1] > clear_us).tolist()
+    queued = queued_ranks(lat)
     lat_ranks = [i for i in range(n) if i not in queued] if n - len(queued) >= 2 else list(range(n))
     lat_sub = np.ix_(lat_ranks, lat_ranks)
     choices: list[tuple[str, list[int], np.ndarray | None]] = [
@@ -285,9 +308,9 @@ def fit_racks(
                                              gap))]
     held_back: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # bandwidth ratio, known pairs, steady ranks
     if bw is not None:
-        cost, known = _bandwidth_cost(bw, slow_ratio)
+        cost, known = _bandwidth_cost(bw, slow_ratio, queued)
         sub = np.ix_(clear, clear)
-        out_slow, in_slow = _slow_ends(np.where(np.eye(n, dtype=bool), 0.0, bw), slow_ratio)
+        out_slow, in_slow = _slow_ends(np.where(np.eye(n, dtype=bool), 0.0, bw), slow_ratio, queued)
         ratio = _ratio_to_nearest(cost[sub])
         if ratio is not None:
             held_back = (ratio, known[sub], ~(out_slow | in_slow)[clear])
@@ -733,10 +756,18 @@ def _separated(dist: np.ndarray, labels: list[int]) -> bool:
     return float(np.percentile(between, 10)) > float(np.percentile(within, 90))
 
 
-def _nic_estimates(bw: np.ndarray, hosts: Sequence[str] | None) -> dict[int, tuple[float, float]]:
+def _nic_estimates(bw: np.ndarray, hosts: Sequence[str] | None, queued: Sequence[int] = (),
+                   racks: Sequence[int] | None = None) -> dict[int, tuple[float, float]]:
     """Per rank, its best outgoing and best incoming flow through its NIC: what the NIC
     carried at least, each way. Flows between ranks of one host never touch a NIC (loopback
-    measures the CPU) and are left out; a rank with none off its host either way is not judged."""
+    measures the CPU) and are left out; a rank with none off its host either way is not judged.
+
+    A ``queued`` rank with two rack-mates or more (``racks``) counts, in its loaded direction
+    (``_loaded``), the median of its flows with them, not its best flow: a rack-mate's flow
+    crosses only the two NICs, so where another job's flows hold this one, most of those
+    flows are slow, and the best ran in a lull of theirs. (With one rack-mate, that mate may
+    be the queued one: a rank of a rack of two whose mate's NIC and uplink both hold another
+    job's queue waits on every ping too, with a clear NIC.)"""
     through_nic = bw.copy()
     np.fill_diagonal(through_nic, 0.0)
     if hosts is not None:
@@ -744,11 +775,20 @@ def _nic_estimates(bw: np.ndarray, hosts: Sequence[str] | None) -> dict[int, tup
         through_nic[same_host] = 0.0
     best = {i: (float(through_nic[i].max()), float(through_nic[:, i].max()))
             for i in range(bw.shape[0]) if through_nic[i].any() and through_nic[:, i].any()}
+    for i in queued if racks is not None else ():
+        mates = [j for j in range(len(racks)) if racks[j] == racks[i] and j != i]
+        if i in best and len(mates) >= 2:
+            out, into = best[i]
+            if _loaded(bw, i) == "out":
+                best[i] = (min(out, float(np.median(through_nic[i, mates]))), into)
+            else:
+                best[i] = (out, min(into, float(np.median(through_nic[mates, i]))))
     return best
 
 
 def nic_suspects(bandwidth_gbps: Any, hosts: Sequence[str] | None = None,
-                 slow_ratio: float = DEFAULT_SLOW_RATIO) -> dict[int, list[str]]:
+                 slow_ratio: float = DEFAULT_SLOW_RATIO, queued: Sequence[int] = (),
+                 racks: Sequence[int] | None = None) -> dict[int, list[str]]:
     """Ranks whose NIC the pairwise flows call slow, and the directions (``"out"``, ``"in"``)
     in which their best flow is below ``slow_ratio`` of the other ranks' median estimate.
 
@@ -756,7 +796,7 @@ def nic_suspects(bandwidth_gbps: Any, hosts: Sequence[str] | None = None,
     link of its own (a rack of one beside a slow uplink and a slow NIC): both see only slow
     flows. ``fan_clears`` tells them apart from a fan of flows in those directions.
     """
-    best = _nic_estimates(_square("bandwidth_gbps", bandwidth_gbps), hosts)
+    best = _nic_estimates(_square("bandwidth_gbps", bandwidth_gbps), hosts, queued, racks)
     worse = {i: min(pair) for i, pair in best.items()}
     if len(worse) <= 2:
         return {}
@@ -807,6 +847,7 @@ def classify_contention(
     hosts: Sequence[str] | None = None,
     slow_ratio: float = DEFAULT_SLOW_RATIO,
     fans: dict[int, dict[str, dict[int, float]]] | None = None,
+    queued: Sequence[int] = (),
 ) -> dict[str, list[dict[str, float]]]:
     """Slow NICs (paper Fig. 6) and slow rack uplinks (Fig. 5), in the topology.json form.
 
@@ -825,7 +866,9 @@ def classify_contention(
     three judged ranks are needed for a median of "the others" to mean anything. ``fans``
     (``{rank: {direction: {peer: Gbit/s}}}``, flows at once in each direction in which the
     rank looked slow, see ``nic_suspects``) clear a rank whose every peer sat behind a slow
-    link of its own: its fans carried what those links allow (``fan_clears``).
+    link of its own: its fans carried what those links allow (``fan_clears``). A ``queued``
+    rank (``queued_ranks``: even its fastest ping waits) with two rack-mates or more is
+    judged in its loaded direction by its median flow with them (``_nic_estimates``).
 
     Uplink of rack ``r``, judged on its *egress*: for each other rack ``s``, the median
     pairwise flow from ``r`` to ``s`` (flows touching a slow NIC left out), then the best
@@ -873,7 +916,7 @@ def classify_contention(
         )
     off = bw.copy()
     np.fill_diagonal(off, 0.0)
-    best = _nic_estimates(bw, hosts)
+    best = _nic_estimates(bw, hosts, queued, racks)
     nic_gbps = {i: min(pair) for i, pair in best.items()}
     slow_nics = slow_keys(nic_gbps, slow_ratio) if len(nic_gbps) > 2 else []
     if fans:  # a fan in every slow direction carried what the paths allow: not the NIC

@@ -42,6 +42,7 @@ from dssync.topology.infer import (
     nic_suspects,
     place_behind_standing_queue,
     place_blind,
+    queued_ranks,
 )
 from dssync.topology.model import Topology, Worker
 
@@ -464,7 +465,7 @@ def _echo(racks: list[int], rack: int, pingers: list[int], bw: np.ndarray, laten
 
 
 def _fans(comm: Communicator, link: _Link, cfg: ProbeConfig, bw: np.ndarray, latency_us: np.ndarray,
-          clear_us: float, hosts: list[str], racks: list[int]) -> tuple[dict[int, dict[str, dict[int, float]]], list[dict[str, Any]]]:
+          clear_us: float, hosts: list[str], racks: list[int], queued: list[int]) -> tuple[dict[int, dict[str, dict[int, float]]], list[dict[str, Any]]]:
     """A fan for each rank whose pairs called its NIC slow (``nic_suspects``) and whose NIC
     has no standing queue (a ping of it was clear): it sends to, or takes from, every rank off
     its host at once, in each direction it looked slow. ``({rank: {direction: {peer: Gbit/s}}},
@@ -480,7 +481,7 @@ def _fans(comm: Communicator, link: _Link, cfg: ProbeConfig, bw: np.ndarray, lat
     # rate (a factor of two or more), and each of its flows is slow, so a whole message
     # sent after the clock ran out would add a tenth of a second at a slow NIC's rate.
     light = replace(cfg, bandwidth_seconds=cfg.bandwidth_seconds / 2, message_bytes=max(1, cfg.message_bytes // 4))
-    for i, directions in nic_suspects(bw, hosts).items():
+    for i, directions in nic_suspects(bw, hosts, queued=queued, racks=racks).items():
         pings = [v for v in (*latency_us[i], *latency_us[:, i]) if v > 0]
         if not pings or min(pings) > clear_us:
             continue
@@ -562,6 +563,7 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
     phases: list[dict[str, Any]] = []
     out_best = bandwidth_gbps.max(axis=1)
     clear_us = clear_latency(latency_us)
+    queued = queued_ranks(latency_us)  # behind another job's queue at their own NIC
     # (group, pinger, echo, kind) -> the ping's one-way µs in each pass; kind: "out" from a
     # blind rank to a rank outside the group, "in" to a spare member, "spare" from it out
     passes: dict[tuple[int, int, int, str], list[float]] = {}
@@ -598,7 +600,8 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
         # The idle time is the lower of the pairs phase's and the blasts': a path that was
         # clear once is not behind a queue of other traffic.
         delays: dict[int, dict[int, dict[str, tuple[float, float]]]] = {j: {} for j in pingers}
-        slow_up = {u["rack"] for u in classify_contention(bandwidth_gbps, provisional, hosts=hosts)["uplinks"]}
+        slow_up = {u["rack"] for u in classify_contention(bandwidth_gbps, provisional, hosts=hosts,
+                                                         queued=queued)["uplinks"]}
         for (g, a, b, kind), values in passes.items():
             ping = (min(values), float(min(latency_us[a, b] or np.inf, latency_us[b, a] or np.inf, *values)))
             if kind == "spare":  # the spare member's own ping out says, better than the rates, whether it filled
@@ -618,9 +621,10 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
         p["rack"] = racks[fit.groups[g][0]]
     by_rack = {p["rack"]: p["egress_gbps"] for p in phases if p["flows"]}
     aggregates = [by_rack.get(r, float("nan")) for r in range(max(racks) + 1)] if phases else None
-    fans, fan_record = _fans(comm, link, cfg, bandwidth_gbps, latency_us, clear_us, hosts, racks)
+    fans, fan_record = _fans(comm, link, cfg, bandwidth_gbps, latency_us, clear_us, hosts, racks, queued)
     phase_seconds["fans"] = round(time.time() - started_at - phase_seconds["pairs"] - phase_seconds["blasts"], 3)
-    contention: dict[str, Any] = dict(classify_contention(bandwidth_gbps, racks, aggregates, hosts=hosts, fans=fans))
+    contention: dict[str, Any] = dict(classify_contention(bandwidth_gbps, racks, aggregates, hosts=hosts, fans=fans,
+                                                                queued=queued))
     contention["uplink_aggregates"] = phases
     contention["nic_fans"] = fan_record
     confidence = fit.confidence()

@@ -20,6 +20,7 @@ from dssync.topology.infer import (
     nic_suspects,
     place_behind_standing_queue,
     place_blind,
+    queued_ranks,
     renumber_racks,
 )
 
@@ -460,6 +461,45 @@ def test_background_flows_through_a_nic_and_across_an_uplink():
     assert fit.blind == [] and fit.racks() == racks  # rank 7 still sees its rack through its inbound flows
     found = classify_contention(bw, racks)
     assert [u["rack"] for u in found["uplinks"]] == [1] and [n["rank"] for n in found["nics"]] == [7]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_lucky_flow_out_of_a_queued_nic_neither_splits_its_rack_nor_clears_it(seed):
+    """Another job's streams leave through rank q's NIC: its pings all wait behind their
+    queue and its flows out get a seventh of the NIC, but in one round that job's streams
+    lulled and one flow of q's ran at 0.6 of the NIC (recorded on inter-rack+nic: 0.58
+    against 0.12-0.15; q came out a rack of its own with a slow uplink, confident)."""
+    rng = np.random.default_rng(seed)
+    sizes = [int(k) for k in rng.integers(2, 6, size=int(rng.integers(2, 4)))]
+    sizes[int(rng.integers(len(sizes)))] = int(rng.integers(3, 6))
+    racks = layout(sizes)
+    n = len(racks)
+    _, bw = matrices(racks, intra_gbps=0.95, inter_gbps=0.3, noise=0.08, seed=seed)
+    # q has two rack-mates or more: a rank whose one rack-mate is q, and whose every
+    # cross-rack flow is held back, has no fast flow in (its NIC is cleared by a fan instead)
+    q = int(rng.choice([i for i in range(n) if sizes[racks[i]] >= 3]))
+    bw[q, :] *= rng.uniform(0.1, 0.2)
+    lucky = int(rng.choice([j for j in range(n) if j != q]))
+    bw[q, lucky] = 0.6
+    np.fill_diagonal(bw, 0.0)
+    lat = flat_latency(n)
+    lat[q, :] += rng.uniform(900, 2500, n)
+    lat[:, q] += rng.uniform(900, 2500, n)
+    np.fill_diagonal(lat, 0.0)
+    queued = queued_ranks(lat)
+    assert queued == [q]
+    assert fit_racks(lat, bw).racks() == racks
+    found = classify_contention(bw, racks, queued=queued)
+    assert [n["rank"] for n in found["nics"]] == [q] and found["uplinks"] == []
+    assert list(nic_suspects(bw, queued=queued, racks=racks)) == [q]
+
+
+def test_recorded_lucky_flow_out_of_a_queued_nic():
+    probe = json.loads((Path(__file__).parent / "data" / "emulated_probes.json").read_text())["queued_nic_lucky_flow"]
+    lat, bw = np.array(probe["latency_us"]), np.array(probe["bandwidth_gbps"])
+    assert fit_racks(lat, bw).racks() == layout(probe["rack_sizes"])
+    found = classify_contention(bw, layout(probe["rack_sizes"]), queued=queued_ranks(lat))
+    assert [u["rack"] for u in found["uplinks"]] == [0] and [n["rank"] for n in found["nics"]] == [4]
 
 
 def test_confidence_names_each_boundary_and_falls_with_the_separation():
