@@ -464,16 +464,19 @@ def _echo(racks: list[int], rack: int, pingers: list[int], bw: np.ndarray, laten
     return min(outside, key=lambda i: (sum(sym[j, i] > clear_us for j in pingers), -ingress(i), -bw[:, i].max(), i))
 
 
-def _fans(comm: Communicator, link: _Link, cfg: ProbeConfig, bw: np.ndarray, latency_us: np.ndarray,
-          clear_us: float, hosts: list[str], racks: list[int], queued: list[int]) -> tuple[dict[int, dict[str, dict[int, float]]], list[dict[str, Any]]]:
+def _fans(comm: Communicator, link: _Link, cfg: ProbeConfig, bw: np.ndarray, hosts: list[str],
+          racks: list[int], queued: list[int]) -> tuple[dict[int, dict[str, dict[int, float]]], list[dict[str, Any]]]:
     """A fan for each rank whose pairs called its NIC slow (``nic_suspects``) and whose NIC
-    has no standing queue (a ping of it was clear): it sends to, or takes from, every rank off
-    its host at once, in each direction it looked slow. ``({rank: {direction: {peer: Gbit/s}}},
+    has no standing queue (not ``queued``): it sends to, or takes from, every rank off its
+    host at once, in each direction it looked slow. ``({rank: {direction: {peer: Gbit/s}}},
     the record)``. One fan at a time: two would meet at the peers they share.
 
-    A rank whose every ping waits sits behind a queue at its own NIC, another job's streams,
-    and more flows would only take a larger share of them (TCP shares per flow), so a fan
-    could not clear it and none is run.
+    A ``queued`` rank (``queued_ranks``: its pings wait both ways, even to its nearest rank)
+    sits behind a queue at its own NIC, another job's streams, and more flows would only
+    take a larger share of them (TCP shares per flow), so a fan could not clear it and none
+    is run. One clear ping is not enough: on a 5,4 layout with another job's two streams
+    through rank 7's NIC, one ping reached it in 88 us while the others waited 0.9-1.4 ms,
+    and its fan of eight flows carried 0.67 Gbit/s and cleared the NIC.
     """
     fans: dict[int, dict[str, dict[int, float]]] = {}
     record: list[dict[str, Any]] = []
@@ -482,8 +485,7 @@ def _fans(comm: Communicator, link: _Link, cfg: ProbeConfig, bw: np.ndarray, lat
     # sent after the clock ran out would add a tenth of a second at a slow NIC's rate.
     light = replace(cfg, bandwidth_seconds=cfg.bandwidth_seconds / 2, message_bytes=max(1, cfg.message_bytes // 4))
     for i, directions in nic_suspects(bw, hosts, queued=queued, racks=racks).items():
-        pings = [v for v in (*latency_us[i], *latency_us[:, i]) if v > 0]
-        if not pings or min(pings) > clear_us:
+        if i in queued:
             continue
         peers = [j for j in range(len(hosts)) if hosts[j] != hosts[i]]
         # the slower direction first: a NIC stays slow unless every slow direction clears
@@ -621,7 +623,7 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
         p["rack"] = racks[fit.groups[g][0]]
     by_rack = {p["rack"]: p["egress_gbps"] for p in phases if p["flows"]}
     aggregates = [by_rack.get(r, float("nan")) for r in range(max(racks) + 1)] if phases else None
-    fans, fan_record = _fans(comm, link, cfg, bandwidth_gbps, latency_us, clear_us, hosts, racks, queued)
+    fans, fan_record = _fans(comm, link, cfg, bandwidth_gbps, hosts, racks, queued)
     phase_seconds["fans"] = round(time.time() - started_at - phase_seconds["pairs"] - phase_seconds["blasts"], 3)
     contention: dict[str, Any] = dict(classify_contention(bandwidth_gbps, racks, aggregates, hosts=hosts, fans=fans,
                                                                 queued=queued))
