@@ -1,8 +1,9 @@
 """Training tasks: real data that ships inside installed packages, and a synthetic model
 of configurable byte size for communication work. Nothing is downloaded at run time.
 
-A task gives every rank the same test split and model initialisation, and each rank a
-disjoint shard of the training split (rank ``r`` takes every ``world_size``-th example).
+A task gives every rank the same test split and model initialisation, and each rank its
+part of every epoch's permutation of the training split, as torch's ``DistributedSampler``
+deals it (``Task.sampler``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
+from torch.utils.data import DistributedSampler
 
 __all__ = ["TASKS", "Task", "build_task"]
 
@@ -26,18 +28,32 @@ class Task:
     test_x: torch.Tensor
     test_y: torch.Tensor
 
-    def shard(self, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.train_x[rank::world_size], self.train_y[rank::world_size]
+    def sampler(self, rank: int, world_size: int, seed: int) -> DistributedSampler:
+        """torch's ``DistributedSampler`` over the training split: every epoch a fresh
+        permutation (from ``seed`` and the epoch, nothing else), of which rank ``r`` takes
+        every ``world_size``-th index from ``r``. A script that feeds
+        ``DataLoader(TensorDataset(train_x, train_y), batch_size, sampler=..., drop_last=True)``
+        with ``set_epoch`` sees exactly the batches of ``batches``."""
+        return DistributedSampler(range(len(self.train_x)), num_replicas=world_size, rank=rank,
+                                  shuffle=True, seed=seed)
 
-    def batches(self, rank: int, world_size: int, batch_size: int, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Endless minibatches from this rank's shard, reshuffled every epoch."""
-        x, y = self.shard(rank, world_size)
-        gen = torch.Generator().manual_seed(seed * 100_003 + rank)
+    def batches(self, rank: int, world_size: int, batch_size: int, seed: int, *,
+                start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Endless minibatches for ``rank`` (``sampler``; the last, partial batch of an epoch is
+        dropped), from the ``start``-th on: a resumed run gets the batches it would have got."""
+        sampler = self.sampler(rank, world_size, seed)
+        per_epoch = len(sampler) // batch_size
+        if per_epoch == 0:
+            raise ValueError(f"{self.name}: {len(sampler)} training examples per rank, fewer than "
+                             f"one batch of {batch_size}")
+        epoch, skip = divmod(start, per_epoch)
         while True:
-            order = torch.randperm(len(x), generator=gen)
-            for i in range(0, len(x) - batch_size + 1, batch_size):
+            sampler.set_epoch(epoch)
+            order = torch.tensor(list(sampler))
+            for i in range(skip * batch_size, per_epoch * batch_size, batch_size):
                 idx = order[i : i + batch_size]
-                yield x[idx], y[idx]
+                yield self.train_x[idx], self.train_y[idx]
+            epoch, skip = epoch + 1, 0
 
     def accuracy(self, model: nn.Module) -> float:
         return self.evaluate(model)[0]

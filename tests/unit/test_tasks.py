@@ -1,16 +1,48 @@
+import itertools
+
+import pytest
 import torch
 
 from dssync.tasks import build_task
 
 
-def test_digits_split_and_shards_are_disjoint_and_complete():
+def test_digits_split_and_an_epoch_deals_every_example_once():
     task = build_task("digits")
     assert len(task.train_x) + len(task.test_x) == 1797
-    shards = [task.shard(r, 8) for r in range(8)]
-    assert sum(len(x) for x, _ in shards) == len(task.train_x)
-    batches = task.batches(3, 8, 16, seed=0)
-    x, y = next(batches)
-    assert x.shape == (16, 64) and y.shape == (16,)
+    n = len(task.train_x)  # 1347: 8 ranks get 169 each, the permutation's first 5 twice
+    rows = torch.cat([torch.cat([x for x, _ in itertools.islice(task.batches(r, 8, 1, seed=0), 169)])
+                      for r in range(8)])
+    assert rows.shape == (8 * 169, 64)
+    distinct = torch.unique(task.train_x, dim=0)
+    assert len(torch.unique(rows, dim=0)) == len(distinct)  # every example, none missing
+    x, y = next(task.batches(3, 8, 16, seed=0))
+    assert x.shape == (16, 64) and y.shape == (16,) and n == 1347
+
+
+@pytest.mark.parametrize("start", [0, 1, 9, 10, 11, 25])
+def test_batches_from_start_are_the_tail_of_the_batches_from_zero(start):
+    task = build_task("digits")
+    # 1347 examples, 2 ranks: 674 each, 10 batches of 64 an epoch (the partial one dropped)
+    whole = list(itertools.islice(task.batches(1, 2, 64, seed=4), start + 12))
+    resumed = list(itertools.islice(task.batches(1, 2, 64, seed=4, start=start), 12))
+    for (xa, ya), (xb, yb) in zip(whole[start:], resumed, strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_batches_are_what_a_dataloader_with_the_sampler_gives():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    task = build_task("digits")
+    sampler = task.sampler(2, 4, seed=7)
+    loader = DataLoader(TensorDataset(task.train_x, task.train_y), batch_size=32, sampler=sampler, drop_last=True)
+    expected = []
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        expected += list(loader)
+    got = list(itertools.islice(task.batches(2, 4, 32, seed=7), len(expected)))
+    assert len(expected) == 30
+    for (xa, ya), (xb, yb) in zip(expected, got, strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
 
 
 def test_synthetic_model_has_the_requested_size():
