@@ -49,6 +49,9 @@ class StrategyContext:
 
 class Strategy(ABC):  # noqa: B024 - every hook has a no-op default
     name: ClassVar[str]
+    resumable: ClassVar[bool] = False
+    """Whether ``state_dict``/``load_state_dict`` hold everything the strategy carries from one
+    iteration to the next, so that ``dssync train --checkpoint`` can stop and resume it."""
 
     @dataclass(frozen=True, kw_only=True)
     class Config:
@@ -62,12 +65,24 @@ class Strategy(ABC):  # noqa: B024 - every hook has a no-op default
         self.comm_s: list[float] = []
         self._pending_s = 0.0
         self._exposed_s = 0.0  # waits outside before/after_step (overlapped modes), this iteration
+        self._resumed = False  # parameters come from a checkpoint: setup() keeps each rank's own
 
     # -- lifecycle (collective) ----------------------------------------------------------
     def setup(self) -> None:
-        """Create groups and make every rank start from rank 0's parameters."""
+        """Create groups and make every rank start from rank 0's parameters (unless resumed)."""
+        if self._resumed:
+            return
         for p in self.model.parameters():
             self.comm.broadcast_(p.data, src=0)
+
+    # -- checkpoints (before setup(); the loop saves the model and optimizer itself) ---------
+    def state_dict(self) -> dict[str, Any]:
+        """What this rank's strategy carries between iterations, beyond the model and optimizer."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()``; call before ``setup()``, after loading the model's parameters."""
+        self._resumed = True
 
     def final_model(self) -> nn.Module:
         """The model this strategy hands back at the end (collective; non-destructive)."""

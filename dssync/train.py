@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import statistics
+import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -17,12 +18,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from dssync import checkpoint as ckpt
 from dssync.collectives import Communicator
 from dssync.errors import ScheduleError, TopologyError
 from dssync.launch import from_environ, run_ranks
 from dssync.launch.spawn import BACKENDS
 from dssync.schedule import Schedule
-from dssync.strategies import get_strategy
+from dssync.strategies import REGISTRY, get_strategy
 from dssync.strategy import StrategyContext, hookless_copy
 from dssync.tasks import TASKS, build_task
 from dssync.topology import Topology
@@ -66,6 +68,13 @@ class TrainConfig:
     progress: bool = False
     backend: str = "torch"
     """Collective library: ``torch`` (torch.distributed), ``mpi`` (mpi4py) or ``horovod``."""
+    checkpoint: str | None = None
+    """A folder for checkpoints (``dssync.checkpoint``): the run resumes from the latest one in
+    it, if any, and writes one every ``checkpoint_every`` iterations and at its end."""
+    checkpoint_every: int = 0
+    stop_after: int | None = None
+    """Stop after this iteration, as a preemption would, leaving a checkpoint to resume from;
+    ``steps`` still sets the run's length (learning-rate schedule, SWA start)."""
 
     def __post_init__(self) -> None:
         get_strategy(self.strategy)  # unknown names fail here, before any process starts
@@ -86,6 +95,16 @@ class TrainConfig:
             raise ValueError(f"target_accuracy must be in (0, 1], got {self.target_accuracy}")
         if self.model_mb <= 0:
             raise ValueError(f"model size must be positive, got {self.model_mb} MB")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be 0 (only at the end) or more, got {self.checkpoint_every}")
+        if self.stop_after is not None and not 1 <= self.stop_after <= self.steps:
+            raise ValueError(f"stop_after must be in 1..steps ({self.steps}), got {self.stop_after}")
+        if (self.checkpoint_every or self.stop_after is not None) and self.checkpoint is None:
+            raise ValueError("checkpoint_every and stop_after need a checkpoint folder")
+        if self.checkpoint is not None and not get_strategy(self.strategy).resumable:
+            resumable = sorted(n for n, c in REGISTRY.items() if c.resumable)
+            raise ValueError(f"{self.strategy} cannot be checkpointed yet (its state between iterations is not "
+                             f"saved); strategies that can: {', '.join(resumable)}")
 
 
 LR_SCHEDULES = ("constant", "cosine")
@@ -157,9 +176,10 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
     optimizer = strategy.wrap_optimizer(base)  # before the scheduler: strategies read the set rate
     scheduler = torch.optim.lr_scheduler.LambdaLR(base, functools.partial(
         lr_factor, steps=cfg.steps, schedule=cfg.lr_schedule, warmup_steps=cfg.warmup_steps))
+    first = _resume(comm, cfg, model, base, scheduler, strategy)
     strategy.setup()
     net = strategy.training_module()
-    batches = task.batches(rank, world_size, cfg.batch_size, cfg.seed)
+    batches = task.batches(rank, world_size, cfg.batch_size, cfg.seed, start=first)
     # With a target, rank 0 evaluates at once and every rank learns whether to stop; a strategy
     # whose snapshots stop no worker would train on during that evaluation, so it does not.
     inline = cfg.target_accuracy is not None and strategy.snapshot_is_collective()
@@ -169,9 +189,10 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
     curve: list[dict[str, Any]] = []
     eval_s = 0.0
     steps_run = cfg.steps
+    saved = first
     comm.barrier()
     start = time.perf_counter()
-    for step in range(cfg.steps):
+    for step in range(first, cfg.steps):
         x, y = next(batches)
 
         def forward_backward(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
@@ -189,7 +210,10 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
             scheduler.step()
         if progress is not None:
             progress[0].update(progress[1], advance=1)
-        if (step + 1) % cfg.eval_every and step + 1 != cfg.steps:
+        stopping = step + 1 == cfg.stop_after
+        if cfg.checkpoint is not None and (stopping or cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0):
+            saved = _save(comm, cfg, step + 1, model, base, scheduler, strategy)
+        if (step + 1) % cfg.eval_every and step + 1 != cfg.steps and not stopping:
             continue
         t0 = time.perf_counter()
         last = step + 1 == cfg.steps
@@ -211,10 +235,12 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
             comm.broadcast_(flag, src=0)
             stop = bool(flag.item())
         eval_s += time.perf_counter() - t0
-        if stop:
+        if stop or stopping:
             steps_run = step + 1
             break
     wall_s = time.perf_counter() - start - eval_s
+    if cfg.checkpoint is not None and saved != steps_run:
+        _save(comm, cfg, steps_run, model, base, scheduler, strategy)
     if progress is not None:
         progress[0].stop()
 
@@ -226,14 +252,14 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
     for point, snapshot in snapshots:
         point["accuracy"], point["loss"] = task.evaluate(snapshot)
         curve.append(point)
-    warmup = comm_warmup(steps_run)
+    warmup = comm_warmup(steps_run - first)
     comm_ms, per_iter = summarize_comm(samples, warmup=warmup)
     reached = None if cfg.target_accuracy is None else first_at_target(curve, cfg.target_accuracy)
     changes = strategy.schedule_changes()
     # Comm time under each schedule the run followed: the median of the per-iteration
     # maxima over the iterations it was in force (the first few after a switch included).
-    edges = [c["step"] for c in changes] + [steps_run]
-    per_schedule = [{"from_step": a, "to_step": b, "comm_ms_per_iter": statistics.median(per_iter[a:b])}
+    edges = [max(c["step"], first) for c in changes] + [steps_run]
+    per_schedule = [{"from_step": a, "to_step": b, "comm_ms_per_iter": statistics.median(per_iter[a - first:b - first])}
                     for a, b in zip(edges, edges[1:], strict=False) if b > a]
     return {
         "strategy": cfg.strategy,
@@ -242,10 +268,11 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
         "world_size": world_size,
         "steps": cfg.steps,
         "steps_run": steps_run,
+        "resumed_from": first,
         "final_accuracy": curve[-1]["accuracy"],
         "best_accuracy": max(c["accuracy"] for c in curve),
         "wall_s": wall_s,
-        "wall_ms_per_iter": 1e3 * wall_s / steps_run,
+        "wall_ms_per_iter": 1e3 * wall_s / (steps_run - first),
         "per_rank_comm_ms_per_iter": per_rank_comm_ms(samples, warmup=warmup),
         "comm_ms_per_iter": comm_ms,
         "target_accuracy": cfg.target_accuracy,
@@ -262,6 +289,45 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
         "config": {k: v for k, v in asdict(cfg).items()
                    if k not in ("topology", "schedule", "progress")},
     }
+
+
+def _settings(cfg: TrainConfig) -> dict[str, Any]:
+    return {k: getattr(cfg, k) for k in ckpt.KEPT}
+
+
+def _save(comm: Communicator, cfg: TrainConfig, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+          scheduler: Any, strategy: Any) -> int:
+    """Checkpoint every rank after iteration ``step`` (collective); returns ``step``."""
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+             "strategy": strategy.state_dict(), "rng": torch.get_rng_state()}
+    ckpt.save(cfg.checkpoint, comm, step, state, _settings(cfg))
+    return step
+
+
+def _resume(comm: Communicator, cfg: TrainConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+            scheduler: Any, strategy: Any) -> int:
+    """Load the latest checkpoint of ``cfg.checkpoint`` into the run's parts, if there is one
+    (before ``strategy.setup()``); returns the iteration to continue from (0: none)."""
+    if cfg.checkpoint is None:
+        return 0
+    found = ckpt.load(cfg.checkpoint, comm, _settings(cfg))
+    if found is None:
+        return 0
+    step, world_size, state = found
+    if step >= cfg.steps:
+        raise ckpt.CheckpointError(f"{cfg.checkpoint}: the run finished there (step {step} of {cfg.steps}); "
+                                   "nothing to resume")
+    model.load_state_dict(state["model"])  # copies in place: flat buffers stay bound
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    strategy.load_state_dict(state["strategy"])
+    torch.set_rng_state(state["rng"])
+    if comm.rank == 0:
+        changed = "" if world_size == comm.world_size else \
+            f"; it was written at {world_size} ranks and this job has {comm.world_size}: re-planned, rank r " \
+            f"continues from rank r mod {world_size}'s model"
+        print(f"dssync: resuming {cfg.strategy} at iteration {step} from {cfg.checkpoint}{changed}", file=sys.stderr)
+    return step
 
 
 def _probed(comm: Communicator, cfg: TrainConfig) -> Topology | None:
@@ -307,5 +373,7 @@ def train(cfg: TrainConfig, *, nproc: int | None) -> dict[str, Any] | None:
             f"the schedule is for {cfg.schedule.world_size} ranks but the job has {world_size}; "
             "plan one for this job with `dssync plan`"
         )
+    if cfg.checkpoint is not None:
+        ckpt.check(cfg.checkpoint, _settings(cfg))  # a mismatch fails here, before any rank starts
     results = run_ranks(train_rank, cfg, nproc=nproc, timeout_s=cfg.timeout_s, backend=cfg.backend)
     return results[0]

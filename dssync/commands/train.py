@@ -90,6 +90,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="any setting of the strategy's Config, e.g. --set staleness=2 (ssp), "
                    "--set push_quorum=3 --set pull_fraction=0.75 (psp); repeatable")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds any collective may wait")
+    p.add_argument("--checkpoint", metavar="DIR",
+                   help="checkpoint folder: resume from its latest checkpoint if it has one (also after "
+                   "torchrun restarts a job), write one every --checkpoint-every iterations and at the end")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="with --checkpoint (default: at the end only)")
+    p.add_argument("--stop-after", type=int, default=None, metavar="K",
+                   help="with --checkpoint: stop after iteration K as a preemption would; a later run "
+                   "with the same settings resumes there")
     p.add_argument("--json", metavar="OUT", help="write the run's record as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_topology_options(p)
@@ -135,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         probe_first=args.racks is None,
         schedule=schedule_from_args(args), strategy_options=options, timeout_s=args.timeout,
         progress=not args.no_progress and sys.stderr.isatty(), backend=args.backend,
+        checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, stop_after=args.stop_after,
     )
     nproc = args.nproc
     if nproc is None and from_environ() is None and args.backend == "torch":
@@ -144,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.json:
         write_json(args.json, record)
-    summary = {k: record[k] for k in ("strategy", "task", "world_size", "steps_run", "final_accuracy",
+    summary = {k: record[k] for k in ("strategy", "task", "world_size", "resumed_from", "steps_run", "final_accuracy",
                                       "best_accuracy", "wall_s", "per_rank_comm_ms_per_iter",
                                       "comm_ms_per_iter", "time_to_target_s")}
     print(json.dumps(summary))

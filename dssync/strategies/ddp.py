@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,7 @@ def require_torch_distributed(strategy: str, comm: Any) -> None:
 
 class DDPStrategy(Strategy):
     name = "ddp"
+    resumable = True  # nothing carried between iterations beyond the model and optimizer
 
     @dataclass(frozen=True, kw_only=True)
     class Config(Strategy.Config):
@@ -95,6 +97,28 @@ class DDPStrategy(Strategy):
             return fut.value()
 
         return allreduce_hook(state, bucket).then(done)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._prime = True
+
+    def compute(self, step: int, forward_backward: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """The loop's forward and backward; the first after a resume runs once before, as a
+        throwaway. DDP lays its buckets out in parameter order for the first backward and then,
+        for good, in the order gradients became ready; gloo sums an element in an order that
+        depends on where it sits in the bucket. The run that never stopped had that layout at
+        this iteration, so the resumed one learns it first (the random state is restored, the
+        gradients cleared) and takes its real step with it, to the last bit."""
+        if getattr(self, "_prime", False):
+            self._prime = False
+            devices = [torch.cuda.current_device()] if next(self.model.parameters()).is_cuda else []
+            with torch.random.fork_rng(devices=devices):
+                forward_backward()
+            for p in self.model.parameters():
+                p.grad = None
+            with self._lock:
+                self._first_s, self._last_s = None, 0.0
+        return forward_backward()
 
     def _before_step(self, step: int) -> bool:
         # backward() has returned, so DDP has waited for every bucket: the iteration's

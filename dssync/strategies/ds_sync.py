@@ -26,7 +26,6 @@ iteration in this mode.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import time
@@ -37,13 +36,11 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
-from dssync.errors import DssyncError, ScheduleError
+from dssync.errors import DssyncError
 from dssync.flat import flatten_parameters
-from dssync.planner import contended, plan, with_uplink_probes
-from dssync.regroup import Record, cross_rack_pace, sense_contention
 from dssync.schedule import Schedule
+from dssync.shuffle import Shuffle
 from dssync.strategy import StepsElsewhere, Strategy, StrategyContext, world_average
-from dssync.topology import Topology
 
 __all__ = ["ENSEMBLES", "DSSyncStrategy", "debiased_ema"]
 
@@ -68,6 +65,7 @@ def debiased_ema(decay: float):
 
 class DSSyncStrategy(Strategy):
     name = "ds-sync"
+    resumable = True
 
     @dataclass(frozen=True, kw_only=True)
     class Config(Strategy.Config):
@@ -120,20 +118,10 @@ class DSSyncStrategy(Strategy):
 
     def __init__(self, ctx: StrategyContext, config: Config | None = None) -> None:
         super().__init__(ctx, config)
-        schedule = ctx.schedule or self._plan(ctx.topology)
-        if schedule.world_size != self.comm.world_size:
-            raise ScheduleError(
-                f"the schedule is for {schedule.world_size} ranks but this job has "
-                f"{self.comm.world_size}; plan it for the job's topology"
-            )
-        self.schedule: Schedule = schedule
-        self._schedule_start = 0  # the iteration at which self.schedule's round 0 ran
-        self._contention = contended(ctx.topology)
-        self._pace = 1
-        self._records: list[Record] = []
-        self._changes: list[dict[str, Any]] = [{"step": 0, "reason": "initial", "schedule": schedule.to_dict()}]
         self._flat = flatten_parameters(self.model)
         self._nbytes = sum(f.numel() * f.element_size() for f in self._flat)
+        self.shuffle = Shuffle(self.comm, ctx.topology, ctx.schedule, adjust_every=self.config.adjust_every,
+                               max_pace=self.config.max_pace, steps=ctx.steps, nbytes=self._nbytes)
         self._step = 0  # the iteration whose backward is running (overlapped mode)
         self._buckets: list[_Bucket] = []
         self._param_optimizers: dict[nn.Parameter, torch.optim.Optimizer] = {}
@@ -149,20 +137,19 @@ class DSSyncStrategy(Strategy):
             self.swa_model = AveragedModel(self.model, use_buffers=True)
             self._swa_from = math.ceil(self.config.swa_start * (ctx.steps or 0))
 
+    @property
+    def schedule(self) -> Schedule:
+        """The schedule in force now (online regrouping replaces it)."""
+        return self.shuffle.schedule
+
     def setup(self) -> None:
         # Ranks must never disagree on the schedule: compare digests before any group op.
-        digests = self.comm.allgather_object(self.schedule.digest())
-        if len(set(digests)) != 1:
-            by_rank = {r: d for r, d in enumerate(digests)}
-            raise ScheduleError(
-                f"rank {self.comm.rank}: ranks hold different schedules (digest by rank: "
-                f"{by_rank}); give every rank the same schedule file"
-            )
-        self.comm.register_groups(self.schedule.distinct_groups())
-        for flat in self._flat:
-            self.comm.broadcast_(flat, src=0)
-        if self.config.ensemble == "ema":
-            self.swa_model.update_parameters(self.model)  # start the EMA at the common init
+        self.shuffle.setup()
+        if not self._resumed:
+            for flat in self._flat:
+                self.comm.broadcast_(flat, src=0)
+            if self.config.ensemble == "ema":
+                self.swa_model.update_parameters(self.model)  # start the EMA at the common init
         if self.config.overlap:
             self._install_hooks()
 
@@ -217,7 +204,7 @@ class DSSyncStrategy(Strategy):
         if bucket.ready < len(bucket.params):
             return
         bucket.ready = 0
-        group = self.schedule.group_of(self.comm.rank, self._step - self._schedule_start)
+        group = self.shuffle.group(self._step)
         if len(group) > 1:
             bucket.work = self.comm.allreduce_async_(bucket.view, group, average=True)
 
@@ -256,7 +243,7 @@ class DSSyncStrategy(Strategy):
                 "them (vector_to_parameters, load_state_dict(assign=True), p.data = ...); "
                 "copy into them in place (p.copy_(...)) instead"
             )
-        group = self.schedule.group_of(self.comm.rank, step - self._schedule_start)
+        group = self.shuffle.group(step)
         if len(group) == 1:
             return False
         t0 = time.perf_counter()
@@ -265,8 +252,7 @@ class DSSyncStrategy(Strategy):
         else:  # one buffer per dtype: start all, then wait, so they overlap
             for work in [self.comm.allreduce_async_(f, group, average=True) for f in self._flat]:
                 work.wait()
-        if self.config.adjust_every:
-            self._records.append((step, group, time.perf_counter() - t0))
+        self.shuffle.record(step, group, time.perf_counter() - t0)
         return True
 
     def _after_step(self, step: int) -> bool:
@@ -289,55 +275,34 @@ class DSSyncStrategy(Strategy):
             self._swa_due = True
             return
         self._fold(step)
-        every = self.config.adjust_every
-        last = self.ctx.steps is not None and step + 1 >= self.ctx.steps
-        if every and (step + 1) % every == 0 and not last:  # no plan for iterations that never run
-            self.regroup(step + 1)
+        self.shuffle.after(step)
 
-    def _plan(self, topology: Topology, pace: int = 1) -> Schedule:
-        """The plan for ``topology``; when regrouping online, with probe rounds that let the
-        timings single out a slow uplink among three racks or more (``with_uplink_probes``)."""
-        schedule = plan(topology, pace=pace)
-        return with_uplink_probes(schedule, topology) if self.config.adjust_every else schedule
+    def state_dict(self) -> dict[str, Any]:
+        """The schedule's position and regrouping state, and the local ensemble model (after
+        the in-flight averages of overlapped mode have landed)."""
+        self.flush()
+        return {"shuffle": self.shuffle.state_dict(), "step": self._step,
+                "ensemble": None if self.swa_model is None else self.swa_model.state_dict(),
+                "param_optimizers": [o.state_dict() for o in self._param_optimizers.values()]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.shuffle.load_state_dict(state["shuffle"])
+        self._step = int(state["step"])
+        if (state["ensemble"] is None) != (self.swa_model is None):
+            raise DssyncError(f"rank {self.comm.rank}: the checkpoint was written with another ensemble "
+                              f"setting than this run's ({self.config.ensemble}); resume with the same one")
+        if self.swa_model is not None:
+            self.swa_model.load_state_dict(state["ensemble"])
+        if len(state["param_optimizers"]) != len(self._param_optimizers):
+            raise DssyncError(f"rank {self.comm.rank}: the checkpoint was written with overlap="
+                              f"{bool(state['param_optimizers'])}; resume with the same setting")
+        for optimizer, saved in zip(self._param_optimizers.values(), state["param_optimizers"], strict=True):
+            optimizer.load_state_dict(saved)
 
     def regroup(self, next_step: int) -> bool:
-        """Sense contention and the pace from the window's group timings; switch plans at
-        ``next_step``.
-
-        Collective. Every rank gathers every rank's records, so all compute the same answer
-        and the same plan; the plan's digest is still compared across ranks, and a mismatch
-        is an error, never a hang in mismatched groups. Returns whether the plan changed.
-        """
-        window = [rec for part in self.comm.allgather_object(self._records) for rec in part]
-        self._records = []
-        racks = [self.ctx.topology.rack_of(r) for r in range(self.comm.world_size)]
-        sensed = sense_contention(window, racks, self._nbytes, current=self._contention)
-        pace = cross_rack_pace(window, racks, current=self._pace, max_pace=self.config.max_pace)
-        if sensed == self._contention and pace == self._pace:
-            return False
-        uplinks, nics = sensed
-        topology = dataclasses.replace(self.ctx.topology, contention={
-            "uplinks": [{"rack": r} for r in uplinks], "nics": [{"rank": i} for i in nics]})
-        try:
-            schedule = self._plan(topology, pace)
-        except ScheduleError:
-            return False  # no plan keeps these apart and still mixes: stay on the current one
-        self._contention, self._pace = sensed, pace
-        digests = self.comm.allgather_object(schedule.digest())
-        if len(set(digests)) != 1:
-            raise ScheduleError(
-                f"rank {self.comm.rank}: ranks planned different schedules at iteration {next_step} "
-                f"(digest by rank: {dict(enumerate(digests))}); their timing records disagree"
-            )
-        if schedule.digest() == self.schedule.digest():
-            return False
-        self.comm.register_groups(schedule.distinct_groups())
-        self.schedule, self._schedule_start = schedule, next_step
-        parts = ([f"slow uplinks {uplinks}, slow NICs {nics}"] if uplinks or nics else []) + \
-            ([f"racks exchange every {pace} rounds"] if pace > 1 else [])
-        reason = ", ".join(parts) or "contention cleared"
-        self._changes.append({"step": next_step, "reason": reason, "schedule": schedule.to_dict()})
-        return True
+        """Regroup now from the window's timings (``Shuffle.regroup``; collective)."""
+        return self.shuffle.regroup(next_step)
 
     @torch.no_grad()
     def final_model(self) -> nn.Module:
@@ -348,7 +313,7 @@ class DSSyncStrategy(Strategy):
         return world_average(self.comm, self.swa_model.module if ensembled else self.model)
 
     def schedule_changes(self) -> list[dict[str, Any]]:
-        return list(self._changes)
+        return list(self.shuffle.changes)
 
 
 @dataclass(eq=False)

@@ -187,11 +187,11 @@ def test_regroup_switches_every_rank_at_the_same_step_and_relaxes():
 
     def body(comm):
         strategy = _regrouping(comm, topo)
-        strategy._records = _timed_records(comm.rank, strategy.schedule, 20, slow_rank=4)
+        strategy.shuffle.records = _timed_records(comm.rank, strategy.schedule, 20, slow_rank=4)
         assert strategy.regroup(20)
         paired = strategy.schedule
         strategy.after_step(20)  # the new plan's round 0 runs at step 20
-        strategy._records = _timed_records(comm.rank, paired, 20, slow_rank=-1, start=20)  # calm again
+        strategy.shuffle.records = _timed_records(comm.rank, paired, 20, slow_rank=-1, start=20)  # calm again
         assert strategy.regroup(40)
         return paired.digest(), [(c["step"], c["reason"]) for c in strategy.schedule_changes()], \
             strategy.schedule.digest()
@@ -210,10 +210,10 @@ def test_regroup_paces_the_racks_when_the_cross_rack_group_is_the_bottleneck():
         strategy = _regrouping(comm, topo)
         rec = _timed_records(comm.rank, strategy.schedule, 20, slow_rank=-1)
         # the cross-rack pair takes nine times an intra-rack group
-        strategy._records = [(s, g, t * (9 if min(g) < 4 <= max(g) else 1)) for s, g, t in rec]
+        strategy.shuffle.records = [(s, g, t * (9 if min(g) < 4 <= max(g) else 1)) for s, g, t in rec]
         assert strategy.regroup(20)
         paced_plan = strategy.schedule
-        strategy._records = _timed_records(comm.rank, paced_plan, 20, slow_rank=-1, start=20)
+        strategy.shuffle.records = _timed_records(comm.rank, paced_plan, 20, slow_rank=-1, start=20)
         assert strategy.regroup(40)
         return [(c["step"], c["reason"]) for c in strategy.schedule_changes()], paced_plan.digest(), \
             strategy.schedule.digest()
@@ -230,8 +230,8 @@ def test_ranks_whose_records_disagree_stop_with_an_error():
     def body(comm):
         strategy = _regrouping(comm, topo)
         if comm.rank == 0:  # as if rank 0 had planned otherwise from the same window
-            strategy._plan = lambda topology, pace=1: Schedule(world_size=8, period=((tuple(range(8)),),))
-        strategy._records = _timed_records(comm.rank, strategy.schedule, 20, slow_rank=1)
+            strategy.shuffle._plan = lambda topology, pace=1: Schedule(world_size=8, period=((tuple(range(8)),),))
+        strategy.shuffle.records = _timed_records(comm.rank, strategy.schedule, 20, slow_rank=1)
         strategy.regroup(20)
 
     with pytest.raises(ScheduleError, match="ranks planned different schedules at iteration 20"):

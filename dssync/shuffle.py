@@ -1,0 +1,147 @@
+"""Which group each rank averages with at each iteration, and online regrouping: the part of
+DS-Sync that the ``ds-sync`` strategy and the model averager (``dssync.averager``) share.
+
+A ``Shuffle`` follows a schedule (planned from the topology unless one is given) from the
+iteration at which it took effect, keeps the window of group timings, and, every
+``adjust_every`` iterations, senses contention and the pace from them and switches every
+rank to the same new plan at the same iteration (``regroup``). Its ``state_dict`` holds all
+of that, so a resumed run picks the same group at every later iteration as one that never
+stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from dssync.collectives import Communicator, Group
+from dssync.errors import ScheduleError
+from dssync.planner import contended, plan, with_uplink_probes
+from dssync.regroup import Record, cross_rack_pace, sense_contention
+from dssync.schedule import Schedule
+from dssync.topology import Topology
+
+__all__ = ["Shuffle"]
+
+
+class Shuffle:
+    """Divide-and-shuffle groups over time for one rank of ``comm``.
+
+    ``adjust_every``: regroup online every this many iterations (0: never); ``max_pace``:
+    how rarely racks may exchange when the cross-rack group is the bottleneck; ``steps``:
+    the iterations the run takes, if known (no regrouping for iterations that never run);
+    ``nbytes``: the bytes one group allreduce moves.
+    """
+
+    def __init__(self, comm: Communicator, topology: Topology, schedule: Schedule | None = None, *,
+                 adjust_every: int = 0, max_pace: int = 4, steps: int | None = None, nbytes: int = 0) -> None:
+        self.comm = comm
+        self.nbytes = nbytes  # what one group allreduce moves: timings become bandwidths
+        self.topology = topology
+        self.adjust_every = adjust_every
+        self.max_pace = max_pace
+        self.steps = steps
+        self.schedule: Schedule = schedule or self._plan(topology)
+        if self.schedule.world_size != comm.world_size:
+            raise ScheduleError(
+                f"the schedule is for {self.schedule.world_size} ranks but this job has "
+                f"{comm.world_size}; plan it for the job's topology"
+            )
+        self.start = 0  # the iteration at which self.schedule's round 0 ran
+        self.contention = contended(topology)
+        self.pace = 1
+        self.records: list[Record] = []
+        self.changes: list[dict[str, Any]] = [{"step": 0, "reason": "initial", "schedule": self.schedule.to_dict()}]
+
+    def setup(self) -> None:
+        """Check that every rank holds the same schedule, then create its groups (collective)."""
+        self._agree(self.schedule, "hold different schedules", "give every rank the same schedule file")
+        self.comm.register_groups(self.schedule.distinct_groups())
+
+    def group(self, step: int) -> Group:
+        """This rank's group at iteration ``step``."""
+        return self.schedule.group_of(self.comm.rank, step - self.start)
+
+    def record(self, step: int, group: Group, seconds: float) -> None:
+        """Keep one group allreduce's time for the next regrouping (when regrouping online)."""
+        if self.adjust_every:
+            self.records.append((step, group, seconds))
+
+    def after(self, step: int) -> bool:
+        """Regroup after iteration ``step`` when a window ends there (collective then)."""
+        every = self.adjust_every
+        last = self.steps is not None and step + 1 >= self.steps
+        if every and (step + 1) % every == 0 and not last:  # no plan for iterations that never run
+            return self.regroup(step + 1)
+        return False
+
+    def _plan(self, topology: Topology, pace: int = 1) -> Schedule:
+        """The plan for ``topology``; when regrouping online, with probe rounds that let the
+        timings single out a slow uplink among three racks or more (``with_uplink_probes``)."""
+        schedule = plan(topology, pace=pace)
+        return with_uplink_probes(schedule, topology) if self.adjust_every else schedule
+
+    def _agree(self, schedule: Schedule, what: str, fix: str) -> None:
+        digests = self.comm.allgather_object(schedule.digest())
+        if len(set(digests)) != 1:
+            raise ScheduleError(f"rank {self.comm.rank}: ranks {what} (digest by rank: "
+                                f"{dict(enumerate(digests))}); {fix}")
+
+    def regroup(self, next_step: int) -> bool:
+        """Sense contention and the pace from the window's group timings; switch plans at
+        ``next_step``.
+
+        Collective. Every rank gathers every rank's records, so all compute the same answer
+        and the same plan; the plan's digest is still compared across ranks, and a mismatch
+        is an error, never a hang in mismatched groups. Returns whether the plan changed.
+        """
+        window = [rec for part in self.comm.allgather_object(self.records) for rec in part]
+        self.records = []
+        racks = [self.topology.rack_of(r) for r in range(self.comm.world_size)]
+        sensed = sense_contention(window, racks, self.nbytes, current=self.contention)
+        pace = cross_rack_pace(window, racks, current=self.pace, max_pace=self.max_pace)
+        if sensed == self.contention and pace == self.pace:
+            return False
+        uplinks, nics = sensed
+        topology = dataclasses.replace(self.topology, contention={
+            "uplinks": [{"rack": r} for r in uplinks], "nics": [{"rank": i} for i in nics]})
+        try:
+            schedule = self._plan(topology, pace)
+        except ScheduleError:
+            return False  # no plan keeps these apart and still mixes: stay on the current one
+        self.contention, self.pace = sensed, pace
+        self._agree(schedule, f"planned different schedules at iteration {next_step}",
+                    "their timing records disagree")
+        if schedule.digest() == self.schedule.digest():
+            return False
+        self.comm.register_groups(schedule.distinct_groups())
+        self.schedule, self.start = schedule, next_step
+        parts = ([f"slow uplinks {uplinks}, slow NICs {nics}"] if uplinks or nics else []) + \
+            ([f"racks exchange every {pace} rounds"] if pace > 1 else [])
+        reason = ", ".join(parts) or "contention cleared"
+        self.changes.append({"step": next_step, "reason": reason, "schedule": schedule.to_dict()})
+        return True
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything that decides later groups: the schedule in force and where it started,
+        the contention and pace it was planned for, the window's records, the changes so far."""
+        return {"world_size": self.comm.world_size, "schedule": self.schedule.to_dict(), "start": self.start,
+                "contention": [list(self.contention[0]), list(self.contention[1])], "pace": self.pace,
+                "records": [(s, list(g), t) for s, g, t in self.records], "changes": list(self.changes)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()`` (call ``setup()`` after, to create the schedule's groups).
+        Saved at another world size, the schedule cannot apply: the plan for this job's
+        topology stays, regrouping starts afresh, and the change is recorded with its reason."""
+        if state["world_size"] != self.comm.world_size:
+            self.changes.append({"step": 0, "reason": f"resumed at {self.comm.world_size} ranks from a "
+                                 f"checkpoint of {state['world_size']}: re-planned",
+                                 "schedule": self.schedule.to_dict()})
+            return
+        self.schedule = Schedule.from_dict(state["schedule"], source="checkpoint")
+        self.start = int(state["start"])
+        uplinks, nics = state["contention"]
+        self.contention, self.pace = (list(uplinks), list(nics)), int(state["pace"])
+        self.records = [(int(s), tuple(g), float(t)) for s, g, t in state["records"]]
+        self.changes = list(state["changes"])
