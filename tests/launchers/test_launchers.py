@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.launchers
 
@@ -137,3 +138,28 @@ def test_every_strategy_trains_under_the_launcher(launcher, backend, strategies,
     assert min(accuracy.values()) > 0.5, accuracy  # ten classes: chance is 0.1
     # Oracle: hierarchical's three stages sum exactly allreduce's gradient.
     assert accuracy["hierarchical"] == pytest.approx(accuracy["allreduce"], abs=1e-6), accuracy
+
+
+def test_the_two_line_ddp_example_computes_what_dssync_train_computes(tmp_path):
+    """examples/ddp_mnist.py (PyTorch's DDP MNIST script plus two lines) under torchrun at 4
+    ranks: every rank's parameters after k steps equal, bit for bit, those of
+    ``dssync train --strategy ds-sync`` on the same seed (its final checkpoint)."""
+    from dssync.train import TrainConfig, train
+
+    steps = 40
+    (tmp_path / "example").mkdir()
+    proc = launch("torchrun", 4, [str(HERE.parents[1] / "examples" / "ddp_mnist.py"), "--steps", str(steps),
+                                  "--seed", "2", "--save", str(tmp_path / "example")])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"{steps} steps on 4 ranks: test accuracy" in proc.stdout
+    train(TrainConfig(strategy="ds-sync", task="mnist", steps=steps, seed=2, eval_every=steps,
+                      checkpoint=str(tmp_path / "train")), nproc=4)
+    models = []
+    for r in range(4):
+        got = torch.load(tmp_path / "example" / f"rank{r}.pt", weights_only=True)
+        want = torch.load(tmp_path / "train" / f"step{steps}" / f"rank{r}.pt", weights_only=False)["model"]
+        assert got.keys() == want.keys()
+        for name in want:
+            assert torch.equal(got[name], want[name]), f"rank {r}: {name}"
+        models.append(got)
+    assert not torch.equal(models[0]["0.weight"], models[1]["0.weight"])  # the ranks' models differ

@@ -436,3 +436,49 @@ def constant_gradient_rounds(comm, bsp: int, asp: int, back: int, lr: float, mu:
     stats = strategy.stats()
     strategy.close()
     return positions, phases, stats
+
+
+def averager_loop(comm, task_name: str, steps: int, seed: int, options: dict, resume_at: int | None):
+    """A plain training loop with ``DSSyncAverager`` inside torch's ``PostLocalSGDOptimizer``
+    (momentum SGD, ``Task.batches``); with ``resume_at``, the loop's parts are rebuilt from
+    their ``state_dict``s there, as a restarted job would. Returns this rank's parameters."""
+    import torch.nn.functional as F
+    from torch.distributed.optim import PostLocalSGDOptimizer
+
+    from dssync.averager import DSSyncAverager
+    from dssync.tasks import build_task
+
+    def build(state=None):
+        task = build_task(task_name, seed=seed)
+        averager = DSSyncAverager(steps=steps, model=task.model, **options)
+        optimizer = PostLocalSGDOptimizer(torch.optim.SGD(task.model.parameters(), lr=0.05, momentum=0.9), averager)
+        if state is not None:
+            task.model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            averager.load_state_dict(state["averager"])
+        return task, optimizer, averager
+
+    task, optimizer, averager = build()
+    for p in task.model.parameters():  # what dssync train's setup does (the inits agree anyway)
+        comm.broadcast_(p.data, src=0)
+    first = 0
+    for stop in ([resume_at, steps] if resume_at else [steps]):
+        batches = task.batches(comm.rank, comm.world_size, 32, seed, start=first)
+        for _ in range(first, stop):
+            x, y = next(batches)
+            loss = F.cross_entropy(task.model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        if stop < steps:  # through bytes, as a checkpoint file would be
+            import io
+            buf = io.BytesIO()
+            torch.save({"model": task.model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "averager": averager.state_dict()}, buf)
+            buf.seek(0)
+            task, optimizer, averager = build(torch.load(buf, weights_only=False))
+            first = stop
+    final = averager.final_model(task.model)
+    return ({k: v.clone() for k, v in task.model.state_dict().items()}, averager.step,
+            [(c["step"], c["reason"]) for c in averager.schedule_changes()],
+            {k: v.clone() for k, v in final.state_dict().items()})

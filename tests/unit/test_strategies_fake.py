@@ -291,3 +291,32 @@ def test_every_backend_refuses_groups_that_ranks_disagree_on_or_that_leave_the_w
         return True
 
     assert FakeWorld(4).run(body) == [True] * 4
+
+
+def test_a_checkpoint_after_a_regrouping_resumes_the_same_groups_at_every_later_step():
+    """state_dict after an online switch (a paired plan from step 20, with a window of records
+    half gathered) restores the plan, where it started, the sensed contention and the records:
+    the restored strategy picks the same group at every later step and regroups alike."""
+    topo = Topology.from_rack_sizes([5, 3])
+
+    def body(comm):
+        strategy = _regrouping(comm, topo)
+        strategy.shuffle.records = _timed_records(comm.rank, strategy.schedule, 20, slow_rank=4)
+        assert strategy.regroup(20)
+        strategy.shuffle.records = _timed_records(comm.rank, strategy.schedule, 10, slow_rank=4, start=20)
+        state = strategy.state_dict()
+        fresh = DSSyncStrategy(StrategyContext(comm=comm, model=_seeded_linear(1), topology=topo),
+                               DSSyncStrategy.Config(adjust_every=20))
+        assert fresh.shuffle.group(25) != strategy.shuffle.group(25) or fresh.schedule.digest() != strategy.schedule.digest()
+        fresh.load_state_dict(state)
+        fresh.setup()
+        same = all(fresh.shuffle.group(s) == strategy.shuffle.group(s) for s in range(20, 120))
+        more = _timed_records(comm.rank, strategy.schedule, 10, slow_rank=-1, start=30)
+        for s in (strategy, fresh):
+            s.shuffle.records += more
+        return same, strategy.regroup(40), fresh.regroup(40), strategy.schedule.digest(), fresh.schedule.digest()
+
+    out = FakeWorld(8).run(body)
+    assert all(o[0] for o in out)
+    assert {(o[1], o[2]) for o in out} == {(True, True)}  # calm window: both relax at step 40
+    assert {o[3] for o in out} == {o[4] for o in out}
