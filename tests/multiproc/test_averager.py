@@ -7,10 +7,10 @@ flat parameter buffers, its loop, its checkpoint) for the same algorithm."""
 
 import pytest
 import torch
+from ranks import averager_loop
 
 from dssync.launch import run_ranks
 from dssync.train import TrainConfig, train
-from ranks import averager_loop
 
 pytestmark = pytest.mark.dist
 
