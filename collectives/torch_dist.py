@@ -9,6 +9,7 @@ and cached by rank tuple; size-one groups need no communication and get none.
 from __future__ import annotations
 
 import datetime
+import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -29,8 +30,8 @@ def init_process_group(
     *, rank: int, world_size: int, init_method: str, timeout_s: float, backend: str | None = None
 ) -> None:
     """Join the world; every later collective inherits ``timeout_s``."""
-    if torch.cuda.is_available():
-        torch.cuda.set_device(rank % torch.cuda.device_count())
+    if torch.cuda.is_available():  # one GPU a rank: the launcher's local rank, else the rank
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
     try:
         dist.init_process_group(
             backend=backend or default_backend(),

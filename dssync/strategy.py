@@ -49,6 +49,9 @@ class StrategyContext:
 
 class Strategy(ABC):  # noqa: B024 - every hook has a no-op default
     name: ClassVar[str]
+    devices: ClassVar[tuple[str, ...]] = ("cpu",)
+    """Where its models may live: ``cuda`` where every tensor it communicates stays on the
+    model's device (torch collectives: NCCL for CUDA tensors, gloo for CPU ones)."""
     resumable: ClassVar[bool] = False
     """Whether ``state_dict``/``load_state_dict`` hold everything the strategy carries from one
     iteration to the next, so that ``dssync train --checkpoint`` can stop and resume it."""

@@ -55,6 +55,13 @@ class Task:
                 yield self.train_x[idx], self.train_y[idx]
             epoch, skip = epoch + 1, 0
 
+    def to(self, device: torch.device | str) -> Task:
+        """Put the model and the data on ``device`` (in place; returns the task)."""
+        self.model.to(device)
+        for name in ("train_x", "train_y", "test_x", "test_y"):
+            setattr(self, name, getattr(self, name).to(device))
+        return self
+
     def accuracy(self, model: nn.Module) -> float:
         return self.evaluate(model)[0]
 

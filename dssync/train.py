@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from dssync import checkpoint as ckpt
 from dssync.collectives import Communicator
-from dssync.errors import ScheduleError, TopologyError
+from dssync.errors import BackendUnavailableError, ScheduleError, TopologyError
 from dssync.launch import from_environ, run_ranks
 from dssync.launch.spawn import BACKENDS
 from dssync.schedule import Schedule
@@ -68,6 +68,9 @@ class TrainConfig:
     progress: bool = False
     backend: str = "torch"
     """Collective library: ``torch`` (torch.distributed), ``mpi`` (mpi4py) or ``horovod``."""
+    device: str = "cpu"
+    """``cpu``, or ``cuda``: each rank's model and data on its local GPU (``LOCAL_RANK`` under a
+    launcher, the rank among spawned ones), CUDA tensors through NCCL."""
     checkpoint: str | None = None
     """A folder for checkpoints (``dssync.checkpoint``): the run resumes from the latest one in
     it, if any, and writes one every ``checkpoint_every`` iterations and at its end."""
@@ -95,6 +98,16 @@ class TrainConfig:
             raise ValueError(f"target_accuracy must be in (0, 1], got {self.target_accuracy}")
         if self.model_mb <= 0:
             raise ValueError(f"model size must be positive, got {self.model_mb} MB")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+        if self.device == "cuda":
+            cls = get_strategy(self.strategy)
+            if "cuda" not in cls.devices:
+                able = sorted(n for n, c in REGISTRY.items() if "cuda" in c.devices)
+                raise ValueError(f"{self.strategy} keeps its model on the CPU (its parameter server moves "
+                                 f"bytes through sockets); strategies that train on a GPU: {', '.join(able)}")
+            if self.backend != "torch":
+                raise ValueError("--device cuda runs on torch.distributed (NCCL); use --backend torch")
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be 0 (only at the end) or more, got {self.checkpoint_every}")
         if self.stop_after is not None and not 1 <= self.stop_after <= self.steps:
@@ -166,6 +179,8 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
             f"use --nproc {topology.world_size} or a topology for {world_size} ranks"
         )
     task = build_task(cfg.task, seed=cfg.seed, model_mb=cfg.model_mb)
+    if cfg.device == "cuda":
+        task.to(_local_gpu(comm))
     model = task.model
     cls = get_strategy(cfg.strategy)
     strategy = cls(
@@ -291,6 +306,14 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
     }
 
 
+def _local_gpu(comm: Communicator) -> torch.device:
+    """This rank's GPU (``init_process_group`` has made it the current device)."""
+    if not torch.cuda.is_available():
+        raise BackendUnavailableError(f"rank {comm.rank}: --device cuda, but torch sees no CUDA GPU on this host "
+                            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'})")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 def _settings(cfg: TrainConfig) -> dict[str, Any]:
     return {k: getattr(cfg, k) for k in ckpt.KEPT}
 
@@ -299,7 +322,8 @@ def _save(comm: Communicator, cfg: TrainConfig, step: int, model: torch.nn.Modul
           scheduler: Any, strategy: Any) -> int:
     """Checkpoint every rank after iteration ``step`` (collective); returns ``step``."""
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-             "strategy": strategy.state_dict(), "rng": torch.get_rng_state()}
+             "strategy": strategy.state_dict(), "rng": torch.get_rng_state(),
+             "cuda_rng": torch.cuda.get_rng_state() if cfg.device == "cuda" else None}
     ckpt.save(cfg.checkpoint, comm, step, state, _settings(cfg))
     return step
 
@@ -322,6 +346,8 @@ def _resume(comm: Communicator, cfg: TrainConfig, model: torch.nn.Module, optimi
     scheduler.load_state_dict(state["scheduler"])
     strategy.load_state_dict(state["strategy"])
     torch.set_rng_state(state["rng"])
+    if cfg.device == "cuda" and state.get("cuda_rng") is not None:
+        torch.cuda.set_rng_state(state["cuda_rng"])
     if comm.rank == 0:
         changed = "" if world_size == comm.world_size else \
             f"; it was written at {world_size} ranks and this job has {comm.world_size}: re-planned, rank r " \
@@ -373,6 +399,11 @@ def train(cfg: TrainConfig, *, nproc: int | None) -> dict[str, Any] | None:
             f"the schedule is for {cfg.schedule.world_size} ranks but the job has {world_size}; "
             "plan one for this job with `dssync plan`"
         )
+    if cfg.device == "cuda" and launched is None:
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not gpus or (world_size or 0) > gpus:
+            raise BackendUnavailableError(f"--device cuda puts each rank on a GPU of its own (NCCL takes no two ranks "
+                                          f"on one GPU); {world_size} ranks, {gpus} GPUs visible here")
     if cfg.checkpoint is not None:
         ckpt.check(cfg.checkpoint, _settings(cfg))  # a mismatch fails here, before any rank starts
     results = run_ranks(train_rank, cfg, nproc=nproc, timeout_s=cfg.timeout_s, backend=cfg.backend)

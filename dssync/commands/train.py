@@ -90,6 +90,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="any setting of the strategy's Config, e.g. --set staleness=2 (ssp), "
                    "--set push_quorum=3 --set pull_fraction=0.75 (psp); repeatable")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds any collective may wait")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="cuda: each rank's model and data on its local GPU, CUDA tensors through NCCL")
     p.add_argument("--checkpoint", metavar="DIR",
                    help="checkpoint folder: resume from its latest checkpoint if it has one (also after "
                    "torchrun restarts a job), write one every --checkpoint-every iterations and at the end")
@@ -142,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         probe_first=args.racks is None,
         schedule=schedule_from_args(args), strategy_options=options, timeout_s=args.timeout,
         progress=not args.no_progress and sys.stderr.isatty(), backend=args.backend,
-        checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, stop_after=args.stop_after,
+        device=args.device, checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, stop_after=args.stop_after,
     )
     nproc = args.nproc
     if nproc is None and from_environ() is None and args.backend == "torch":

@@ -47,6 +47,7 @@ class GradientBuffer:
 
 class AllreduceStrategy(Strategy):
     name = "allreduce"
+    devices = ("cpu", "cuda")
     resumable = True  # nothing carried between iterations beyond the model and optimizer
 
     def __init__(self, ctx: StrategyContext, config: Strategy.Config | None = None) -> None:

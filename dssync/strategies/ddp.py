@@ -46,6 +46,7 @@ def require_torch_distributed(strategy: str, comm: Any) -> None:
 
 class DDPStrategy(Strategy):
     name = "ddp"
+    devices = ("cpu", "cuda")
     resumable = True  # nothing carried between iterations beyond the model and optimizer
 
     @dataclass(frozen=True, kw_only=True)

@@ -65,6 +65,7 @@ def debiased_ema(decay: float):
 
 class DSSyncStrategy(Strategy):
     name = "ds-sync"
+    devices = ("cpu", "cuda")
     resumable = True
 
     @dataclass(frozen=True, kw_only=True)

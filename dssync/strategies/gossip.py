@@ -34,6 +34,7 @@ def gossip_peers(rank: int, world_size: int, step: int) -> tuple[int, int] | Non
 
 class GossipStrategy(Strategy):
     name = "gossip"
+    devices = ("cpu", "cuda")
 
     def __init__(self, ctx: StrategyContext, config: Strategy.Config | None = None) -> None:
         super().__init__(ctx, config)

@@ -21,6 +21,7 @@ __all__ = ["LocalSGDStrategy"]
 
 class LocalSGDStrategy(Strategy):
     name = "local-sgd"
+    devices = ("cpu", "cuda")
 
     @dataclass(frozen=True, kw_only=True)
     class Config(Strategy.Config):

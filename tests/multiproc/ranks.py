@@ -438,7 +438,8 @@ def constant_gradient_rounds(comm, bsp: int, asp: int, back: int, lr: float, mu:
     return positions, phases, stats
 
 
-def averager_loop(comm, task_name: str, steps: int, seed: int, options: dict, resume_at: int | None):
+def averager_loop(comm, task_name: str, steps: int, seed: int, options: dict, resume_at: int | None,
+                  device: str = "cpu"):
     """A plain training loop with ``DSSyncAverager`` inside torch's ``PostLocalSGDOptimizer``
     (momentum SGD, ``Task.batches``); with ``resume_at``, the loop's parts are rebuilt from
     their ``state_dict``s there, as a restarted job would. Returns this rank's parameters."""
@@ -450,6 +451,8 @@ def averager_loop(comm, task_name: str, steps: int, seed: int, options: dict, re
 
     def build(state=None):
         task = build_task(task_name, seed=seed)
+        if device == "cuda":
+            task.to(torch.device("cuda", torch.cuda.current_device()))
         averager = DSSyncAverager(steps=steps, model=task.model, **options)
         optimizer = PostLocalSGDOptimizer(torch.optim.SGD(task.model.parameters(), lr=0.05, momentum=0.9), averager)
         if state is not None:
@@ -476,7 +479,7 @@ def averager_loop(comm, task_name: str, steps: int, seed: int, options: dict, re
             torch.save({"model": task.model.state_dict(), "optimizer": optimizer.state_dict(),
                         "averager": averager.state_dict()}, buf)
             buf.seek(0)
-            task, optimizer, averager = build(torch.load(buf, weights_only=False))
+            task, optimizer, averager = build(torch.load(buf, weights_only=False, map_location=device))
             first = stop
     final = averager.final_model(task.model)
     return ({k: v.clone() for k, v in task.model.state_dict().items()}, averager.step,
