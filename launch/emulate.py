@@ -17,7 +17,11 @@ change or real background ``iperf3`` flows from the rack's background namespace,
 worker's own namespace (sharing its NIC), to servers in the sink namespace.
 
 State lives in ``$DSSYNC_STATE_DIR/<name>.json`` (default ``/run/dssync``) so ``down``
-finds everything after a crash; it also sweeps any namespace with the cluster's prefix.
+finds everything after a crash. A name is 1-12 lowercase letters and digits, starting with a
+letter (``check_name``): it goes into paths, namespace and cgroup names, and a name cannot
+be a prefix of another cluster's namespaces. ``down`` removes exactly the namespaces of its
+own cluster's shape (``<name>-fab``, ``-sink``, ``-w<i>``, ``-bg<r>``) and ``dssync-<name>-w<i>``
+cgroups, nothing matched by prefix alone.
 """
 
 from __future__ import annotations
@@ -214,12 +218,23 @@ def check_support() -> None:
     _sh("ip", "netns", "del", probe, check=False)
 
 
+NAME_PATTERN = re.compile(r"[a-z][a-z0-9]{0,11}")
+
+
+def check_name(name: str) -> str:
+    """``name`` if it is a safe cluster name, else ``ValueError`` saying what a name may be."""
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise ValueError(f"cluster name {name!r} must be 1-12 lowercase letters and digits, starting with a "
+                         "letter (it names network namespaces, cgroups and a state file)")
+    return name
+
+
 def _state_dir() -> Path:
     return Path(os.environ.get("DSSYNC_STATE_DIR", "/run/dssync"))
 
 
 def _state_path(name: str) -> Path:
-    return _state_dir() / f"{name}.json"
+    return _state_dir() / f"{check_name(name)}.json"
 
 
 def _save(cluster: Cluster) -> None:
@@ -241,10 +256,12 @@ def load_state(name: str = DEFAULT_NAME) -> Cluster:
     return Cluster(**data)
 
 
-def _existing(prefix: str) -> list[str]:
+def _existing(name: str) -> list[str]:
+    """The namespaces present that have the shape of cluster ``name``'s own."""
+    shape = re.compile(re.escape(check_name(name)) + r"-(fab|sink|w\d+|bg\d+)")
     out = _sh("ip", "netns", "list", check=False).stdout
     names = [line.split()[0] for line in out.splitlines() if line.strip()]
-    return [n for n in names if n.startswith(prefix + "-")]
+    return [n for n in names if shape.fullmatch(n)]
 
 
 # -- shaping ---------------------------------------------------------------------------------
@@ -442,9 +459,11 @@ def _set_cpu_quota(c: Cluster, rank: int, cores: float | None) -> None:
 
 def _sweep_cpu_cgroups(name: str) -> None:
     """Remove the cluster's CPU cgroups (their processes are gone by now)."""
+    shape = re.compile(re.escape(check_name(name)) + r"-w\d+")
     for group in _cpu_cgroup(name, 0).parent.glob(f"dssync-{name}-w*"):
-        with contextlib.suppress(OSError):
-            group.rmdir()
+        if shape.fullmatch(group.name.removeprefix("dssync-")):
+            with contextlib.suppress(OSError):
+                group.rmdir()
 
 
 # -- contention ------------------------------------------------------------------------------

@@ -279,3 +279,30 @@ def test_episodes_naming_no_worker_fail_before_anything_runs(name):
             emulate.run(["sh", "-c", "echo ran"], name=name, out=out,
                         episodes=[emulate.parse_episode("2:cpu=0.5@0+1")])
         assert "ran" not in out.getvalue()
+
+
+@pytest.mark.parametrize("bad", ["../../tmp/x", "x-y", "", "Dss", "a" * 13, "a b", "x/y", "1abc"])
+def test_a_name_that_is_not_a_safe_name_is_refused_before_anything_is_touched(bad, tmp_path, monkeypatch):
+    monkeypatch.setenv("DSSYNC_STATE_DIR", str(tmp_path / "state"))
+    victim = tmp_path / "x.json"
+    victim.write_text("{}")
+    for call in (lambda: emulate.down(bad), lambda: emulate.up([1, 1], name=bad), lambda: emulate.load_state(bad),
+                 lambda: emulate.contend(name=bad, clear=True)):
+        with pytest.raises(ValueError, match="1-12 lowercase letters and digits"):
+            call()
+    assert victim.exists()
+
+
+def test_down_removes_its_own_namespaces_and_no_other_with_its_prefix(name):
+    others = [f"{name}-check-1", f"{name}-w0x", f"{name}-other", f"{name}x-w0"]
+    try:
+        for ns in others:
+            subprocess.run(["ip", "netns", "add", ns], check=True)
+        with emulate.cluster([1, 1], name=name) as c:
+            assert sorted(emulate.leftovers(name)) == sorted(c.namespaces())
+        present = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert all(ns in present for ns in others), present
+        assert emulate.leftovers(name) == []
+    finally:
+        for ns in others:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
