@@ -17,7 +17,9 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import signal
 import socket
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -69,6 +71,24 @@ def _setup_launched(env: LaunchEnv, backend: str, timeout_s: float) -> Any:
     return comm
 
 
+def _one_line(message: str, limit: int = 300) -> str:
+    """The first line of a message from a library (gloo's carry C++ traces), at most ``limit`` long."""
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    first = lines[0] if lines else ""
+    return first if len(first) <= limit else first[: limit - 3] + "..."
+
+
+def _first_dead(procs: list[Any], reported: set[int], wait_s: float = 1.0) -> int | None:
+    """A rank whose process has ended without reporting, if one has or does within
+    ``wait_s``: when a rank fails because a peer's connection closed, the peer is the cause."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        dead = [r for r, p in enumerate(procs) if r not in reported and p.exitcode not in (None, 0)]
+        if dead or time.monotonic() > deadline:
+            return dead[0] if dead else None
+        time.sleep(0.05)
+
+
 def _teardown(backend: str = "torch") -> None:
     if backend == "horovod":
         import horovod.torch as hvd
@@ -83,8 +103,29 @@ def _teardown(backend: str = "torch") -> None:
             dist.destroy_process_group()
 
 
+def die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when its parent exits (Linux ``PR_SET_PDEATHSIG``),
+    and exit now if the parent ``parent`` is already gone: a rank never outlives its job."""
+    if sys.platform == "linux":
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def how_it_ended(exitcode: int | None) -> str:
+    """``killed by SIGKILL``, ``exit code 3``: how a child process ended."""
+    if exitcode is not None and exitcode < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-exitcode).name}"
+    return f"exit code {exitcode}"
+
+
 def _child(rank: int, world_size: int, init_method: str, timeout_s: float,
-           fn: Callable[..., Any], args: tuple[Any, ...], results: Any) -> None:
+           fn: Callable[..., Any], args: tuple[Any, ...], results: Any, parent: int) -> None:
+    die_with_parent(parent)
     try:
         comm = _setup_rank(rank, world_size, init_method, timeout_s)
         # Pickle here, not in the queue's feeder thread, where a failure would be lost.
@@ -150,7 +191,7 @@ def _spawn(fn: Callable[..., Any], args: tuple[Any, ...], nproc: int,
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # local ranks talk over loopback only
     try:
-        procs = [ctx.Process(target=_child, args=(r, nproc, init_method, timeout_s, fn, args, results),
+        procs = [ctx.Process(target=_child, args=(r, nproc, init_method, timeout_s, fn, args, results, os.getpid()),
                              name=f"dssync-rank{r}") for r in range(nproc)]
         for p in procs:
             p.start()
@@ -164,6 +205,7 @@ def _spawn(fn: Callable[..., Any], args: tuple[Any, ...], nproc: int,
     done: set[int] = set()
     failure: tuple[int, str, str] | None = None
     deadline = None if job_timeout_s is None else time.monotonic() + job_timeout_s
+    finished = False
     try:
         while len(done) < nproc and failure is None:
             try:
@@ -175,7 +217,7 @@ def _spawn(fn: Callable[..., Any], args: tuple[Any, ...], nproc: int,
                         # still in flight a moment before calling it dead.
                         time.sleep(1.0)
                         if results.empty():
-                            failure = (r, f"rank {r} exited with code {p.exitcode} without a result", "")
+                            failure = (r, f"rank {r} died ({how_it_ended(p.exitcode)}) without a result", "")
                         break
                 if deadline is not None and time.monotonic() > deadline:
                     missing = sorted(set(range(nproc)) - done)
@@ -187,13 +229,20 @@ def _spawn(fn: Callable[..., Any], args: tuple[Any, ...], nproc: int,
                 done.add(rank)
             else:
                 failure = (rank, value, tb)
+                done.add(rank)
+                dead = _first_dead(procs, done)
+                if dead is not None:  # a peer died first; this rank only noticed
+                    failure = (dead, f"rank {dead} died ({how_it_ended(procs[dead].exitcode)}); then rank "
+                               f"{rank}: {_one_line(value)}", tb)
+        finished = failure is None
     finally:
-        if failure is not None:
+        # Anything but a clean finish (a failure, Ctrl-C, SIGTERM) ends every rank at once.
+        if not finished:
             for p in procs:
                 if p.is_alive():
                     p.terminate()
         for p in procs:
-            p.join(timeout=10)
+            p.join(timeout=10 if finished else 2)
             if p.is_alive():
                 p.kill()
                 p.join()
@@ -201,5 +250,6 @@ def _spawn(fn: Callable[..., Any], args: tuple[Any, ...], nproc: int,
         rank, message, tb = failure
         if os.environ.get("DSSYNC_DEBUG"):
             print(tb)
+        message = _one_line(message, limit=600)
         raise DssyncError(message if message.startswith("rank ") else f"rank {rank}: {message}")
     return out

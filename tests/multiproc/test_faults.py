@@ -1,0 +1,104 @@
+"""Real-process faults of ``dssync train``: a rank killed mid-run, the parent killed, the parent
+terminated. The job ends with one line that names the rank that died first and how, and
+nothing of it is left running.
+
+The ranks are found as the parent's children that run multiprocessing's spawn entry point,
+in order of creation (rank order). How long the job took to notice is printed, not asserted
+(timing belongs in benchmarks).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.dist
+
+DSSYNC = str(Path(sys.executable).parent / "dssync")
+
+
+def _ranks(parent: int) -> list[int]:
+    out = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(parent)], capture_output=True, text=True).stdout
+    return sorted(int(line.split()[0]) for line in out.splitlines() if "spawn_main" in line)
+
+
+def _alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.append(pid)
+    return alive
+
+
+def _start(*args: str, nproc: int = 4) -> tuple[subprocess.Popen, list[int]]:
+    proc = subprocess.Popen([DSSYNC, "train", "--nproc", str(nproc), "--task", "digits", "--steps", "1000000",
+                             "--eval-every", "1000000", "--timeout", "60", "--no-progress", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    ranks: list[int] = []
+    try:
+        while len(ranks) < nproc:
+            assert time.monotonic() < deadline, f"the ranks did not start: {ranks}"
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+            ranks = _ranks(proc.pid)
+        time.sleep(6)  # past process-group set-up: training runs
+    except BaseException:
+        proc.kill()  # the ranks die with it
+        proc.communicate()
+        raise
+    return proc, ranks
+
+
+def _wait_gone(pids: list[int], seconds: float = 15) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return _alive(pids)
+
+
+@pytest.mark.parametrize("strategy", ["ds-sync", "ddp", "allreduce", "asp", "psp", "sync-switch"])
+def test_a_killed_rank_is_named_and_the_job_ends(strategy):
+    proc, ranks = _start("--strategy", strategy)
+    killed_at = time.monotonic()
+    os.kill(ranks[2], signal.SIGKILL)
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    print(f"{strategy}: the job ended {time.monotonic() - killed_at:.1f} s after rank 2 was killed")
+    assert proc.returncode == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("dssync train: error: rank 2 died (killed by SIGKILL)"), lines[0]
+    assert _wait_gone(ranks) == []
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM", "SIGINT twice"])
+def test_the_ranks_end_with_their_parent(how):
+    proc, ranks = _start("--strategy", "ds-sync")
+    if how == "SIGINT twice":
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+    else:
+        proc.send_signal(getattr(signal, how))
+    stopped_at = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    left = _wait_gone(ranks)
+    print(f"{how}: parent ended and ranks gone {time.monotonic() - stopped_at:.1f} s after the signal")
+    assert left == [], f"ranks {left} outlived the parent ({how})"
+    if how != "SIGKILL":  # a second Ctrl-C may end it by the signal itself, as Python does
+        assert proc.returncode in (130, 128 + signal.SIGTERM, -signal.SIGINT), (proc.returncode, err)
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
