@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["read_versioned", "write_json"]
+__all__ = ["check_writable", "read_versioned", "write_json"]
 
 
 def read_versioned(
@@ -48,3 +48,17 @@ def write_json(path: str | os.PathLike[str], data: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, path)
+
+
+def check_writable(path: str | os.PathLike[str]) -> None:
+    """Raise ``OSError`` with a one-line reason unless ``write_json(path, ...)`` can succeed:
+    its folder exists and takes new files, and ``path`` is not a folder or other non-file.
+    For outputs written at the end of long work, checked before the work starts."""
+    path = Path(path)
+    folder = path.parent
+    if not folder.is_dir():
+        raise OSError(f"cannot write {path}: the folder {folder} does not exist")
+    if path.exists() and not path.is_file():
+        raise OSError(f"cannot write {path}: it exists and is not a regular file")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OSError(f"cannot write {path}: the folder {folder} is not writable")

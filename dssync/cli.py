@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from dssync import __version__
 from dssync.commands import bench, demo, emulate, plan, probe, simulate, train, tune
@@ -32,8 +33,16 @@ def raise_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, _terminated)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with errors on one line, naming the flag and where to read more (not the
+    whole usage block); subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dssync",
         description="Divide-and-shuffle synchronization for data-parallel PyTorch training.",
     )

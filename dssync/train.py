@@ -98,6 +98,10 @@ class TrainConfig:
             raise ValueError(f"target_accuracy must be in (0, 1], got {self.target_accuracy}")
         if self.model_mb <= 0:
             raise ValueError(f"model size must be positive, got {self.model_mb} MB")
+        if not 0 < self.timeout_s < 1e9:  # also refuses nan
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {self.timeout_s}")
+        if self.num_racks < 1:
+            raise ValueError(f"num_racks must be 1 or more, got {self.num_racks}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
         if self.device == "cuda":

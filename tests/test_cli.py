@@ -254,3 +254,34 @@ def test_tune_sync_switch_writes_a_policy_that_a_recurring_job_reuses(tmp_path):
     assert reused["target_accuracy"] == first["target_accuracy"]
     proc = dssync("tune", "sync-switch", "--steps", "30", "--nproc", "2", "--reuse", policy)
     assert proc.returncode == 2 and "tuned for another job: {'steps': (20, 30)}" in proc.stderr
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--lr", "nan"], "--lr: 'nan' is not a finite number"),
+    (["--lr", "inf"], "--lr: 'inf' is not a finite number"),
+    (["--lr", "-1"], "--lr: '-1' must be above zero"),
+    (["--racks", "0"], "--racks: '0' must be 1 or more"),
+    (["--timeout", "0"], "--timeout: '0' must be above zero"),
+    (["--timeout", "-1"], "--timeout: '-1' must be above zero"),
+    (["--timeout", "nan"], "--timeout: 'nan' is not a finite number"),
+    (["--steps", "x"], "--steps: 'x' is not an integer"),
+    (["--nproc", "0"], "--nproc: '0' must be 1 or more"),
+    (["--model-mb", "1e400"], "--model-mb: '1e400' is not a finite number"),
+    (["--strategy", "psp", "--set", "delay_s=nan"], "delay_s must be a finite float"),
+    (["--json", "{tmp}/missing/run.json"], "the folder {tmp}/missing does not exist"),
+    (["--json", "{tmp}"], "it exists and is not a regular file"),
+    (["--checkpoint", "{tmp}/ck", "--strategy", "asp"], "asp cannot be checkpointed yet"),
+    (["--stop-after", "2"], "need a checkpoint folder"),
+    (["--stop-after", "5", "--checkpoint", "{tmp}/ck"], "stop_after must be in 1..steps (3), got 5"),
+    (["--device", "cuda"], "GPUs visible here"),
+    (["--device", "cuda", "--strategy", "ssp"], "ssp keeps its model on the CPU"),
+])
+def test_train_refuses_bad_flags_on_one_line_before_anything_runs(tmp_path, args, needle):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    if "--strategy" not in args:
+        args = ["--strategy", "ds-sync", *args]
+    before = sorted(tmp_path.rglob("*"))
+    proc = dssync("train", "--nproc", "2", "--steps", "3", *args)
+    assert proc.returncode == 2
+    assert_one_line_error(proc, needle.replace("{tmp}", str(tmp_path)))
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written

@@ -3,11 +3,42 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from dssync.schedule import Schedule
 from dssync.topology import Topology
 
-__all__ = ["add_topology_options", "topology_from_args"]
+__all__ = ["add_topology_options", "finite_float", "positive_float", "positive_int", "topology_from_args"]
+
+
+def finite_float(text: str) -> float:
+    """An argparse type: a finite number (``nan`` and ``inf`` are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number above zero."""
+    value = finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be above zero")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
+    return value
 
 
 def parse_rack_sizes(text: str) -> list[int]:
@@ -34,7 +65,7 @@ def add_topology_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--topology", metavar="FILE", help="topology.json (from `dssync probe` or by hand)")
     g.add_argument("--rack-sizes", type=parse_rack_sizes, metavar="A,B,...",
                    help="a logical topology instead of a file: consecutive ranks per rack")
-    g.add_argument("--racks", type=int, default=None, metavar="R",
+    g.add_argument("--racks", type=positive_int, default=None, metavar="R",
                    help="without --topology/--rack-sizes: split the ranks evenly into R racks (default: "
                    "ds-sync probes the network first when its ranks are on several hosts, else 2 racks)")
     g.add_argument("--schedule", metavar="FILE", help="schedule.json to follow (default: plan one)")

@@ -8,8 +8,15 @@ import json
 import sys
 from typing import Any
 
-from dssync._jsonfile import write_json
-from dssync.commands._common import add_topology_options, schedule_from_args, topology_from_args
+from dssync._jsonfile import check_writable, write_json
+from dssync.commands._common import (
+    add_topology_options,
+    finite_float,
+    positive_float,
+    positive_int,
+    schedule_from_args,
+    topology_from_args,
+)
 from dssync.launch import from_environ
 from dssync.strategies import REGISTRY, get_strategy
 from dssync.strategies.ds_sync import ENSEMBLES
@@ -37,9 +44,9 @@ def strategy_settings(strategy: str, pairs: list[str]) -> dict[str, Any]:
                     raise ValueError(text)
                 value: Any = text.lower() in ("true", "1")
             else:
-                value = {"int": int, "float": float}.get(kind, str)(text)
-        except ValueError:
-            raise ValueError(f"--set {pair!r}: {key} must be of type {kind}") from None
+                value = {"int": int, "float": finite_float}.get(kind, str)(text)
+        except (ValueError, argparse.ArgumentTypeError):
+            raise ValueError(f"--set {pair!r}: {key} must be a{' finite' if kind == 'float' else ''} {kind}") from None
         out[key] = value
     return out
 
@@ -51,33 +58,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strategy", required=True, metavar="NAME",
                    help=f"one of: {', '.join(sorted(REGISTRY))}")
     p.add_argument("--task", default="digits", metavar="TASK", help=f"one of: {', '.join(sorted(TASKS))}")
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=positive_int, default=300)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--nproc", type=int, default=None,
+    p.add_argument("--nproc", type=positive_int, default=None,
                    help="local ranks to spawn (default 8 without a launcher; omit under one)")
     p.add_argument("--backend", default="torch", choices=("torch", "mpi", "horovod"),
                    help="collective library (default torch: gloo on CPU, NCCL on CUDA)")
-    p.add_argument("--batch-size", type=int, default=32, help="per-rank minibatch")
-    p.add_argument("--lr", type=float, default=0.05, help="peak learning rate of the loop's SGD")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="per-rank minibatch")
+    p.add_argument("--lr", type=positive_float, default=0.05, help="peak learning rate of the loop's SGD")
     p.add_argument("--lr-schedule", default="constant", choices=LR_SCHEDULES,
                    help="after the warm-up: constant, or a half cosine to zero at --steps")
     p.add_argument("--warmup-steps", type=int, default=0, metavar="N",
                    help="linear learning-rate warm-up over the first N iterations (large overall batch)")
-    p.add_argument("--eval-every", type=int, default=25)
-    p.add_argument("--target-accuracy", type=float, default=None, metavar="ACC",
+    p.add_argument("--eval-every", type=positive_int, default=25)
+    p.add_argument("--target-accuracy", type=positive_float, default=None, metavar="ACC",
                    help="stop at the first evaluation whose test accuracy reaches ACC (--steps is the cap); "
                    "the record gets time_to_target_s")
-    p.add_argument("--model-mb", type=float, default=1.0, help="model size of the synthetic task")
+    p.add_argument("--model-mb", type=positive_float, default=1.0, help="model size of the synthetic task")
     p.add_argument("--ensemble", default=None, choices=ENSEMBLES,
                    help="ds-sync: what each rank keeps for the final world average: none (its current "
                    "parameters, the default), swa (its iterates from --swa-start on), ema (--ema-decay)")
-    p.add_argument("--swa-start", type=float, default=None, metavar="FRACTION",
+    p.add_argument("--swa-start", type=finite_float, default=None, metavar="FRACTION",
                    help="ds-sync --ensemble swa: average the iterates after this fraction of the run (default 0.75)")
-    p.add_argument("--ema-decay", type=float, default=None, help="ds-sync --ensemble ema: decay of the local EMA "
+    p.add_argument("--ema-decay", type=finite_float, default=None, help="ds-sync --ensemble ema: decay of the local EMA "
                    "model (default 0.98)")
     p.add_argument("--overlap", action="store_true",
                    help="ds-sync: average layer by layer as backward produces gradients (paper V-A.1)")
-    p.add_argument("--bucket-mb", type=float, default=None, metavar="MB",
+    p.add_argument("--bucket-mb", type=finite_float, default=None, metavar="MB",
                    help="ds-sync --overlap: layers share one allreduce until it holds MB (default 1; "
                    "0: one per layer)")
     p.add_argument("--adjust-every", type=int, default=None, metavar="N",
@@ -89,7 +96,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
                    help="any setting of the strategy's Config, e.g. --set staleness=2 (ssp), "
                    "--set push_quorum=3 --set pull_fraction=0.75 (psp); repeatable")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds any collective may wait")
+    p.add_argument("--timeout", type=positive_float, default=300.0, help="seconds any collective may wait")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="cuda: each rank's model and data on its local GPU, CUDA tensors through NCCL")
     p.add_argument("--checkpoint", metavar="DIR",
@@ -149,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
     nproc = args.nproc
     if nproc is None and from_environ() is None and args.backend == "torch":
         nproc = topology.world_size if topology is not None else 8
+    if args.json:
+        check_writable(args.json)  # before training, not after
     record = train(cfg, nproc=nproc)
     if record is None:  # a non-zero rank under a launcher
         return 0
