@@ -25,9 +25,14 @@ MPI or Horovod alike, and the control traffic of later protocols can use its own
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import hmac
 import os
+import secrets
 import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -38,7 +43,7 @@ import torch
 from dssync.collectives import Communicator
 from dssync.errors import CommunicationError
 
-__all__ = ["ParameterServer", "shard_bounds"]
+__all__ = ["ParameterServer", "accept_each", "connect", "job_secret", "shard_bounds"]
 
 _HEADER = struct.Struct("!BHqqQ")  # op, worker, clock, version, payload bytes
 _PUSHPULL, _PULL, _REPLY, _STOP, _FAIL = 1, 2, 3, 4, 5
@@ -75,24 +80,93 @@ def _local_address() -> str:
             return "127.0.0.1"
 
 
+#: Seconds a new connection has to prove it belongs to the job before it is dropped.
+HANDSHAKE_S = 10.0
+_NONCE = 16
+
+
+def job_secret(comm: Communicator) -> bytes:
+    """32 random bytes of rank 0's, shared over the job's own rendezvous (collective): what a
+    connection to one of the job's servers must prove it holds (``accept_each``)."""
+    return comm.allgather_object(secrets.token_bytes(32))[0]
+
+
+def _proof(secret: bytes, nonce: bytes, worker: int) -> bytes:
+    return hmac.new(secret, b"dssync-job" + nonce + struct.pack("!H", worker), hashlib.sha256).digest()
+
+
+def _admit(conn: socket.socket, secret: bytes, count: int) -> int | str:
+    """The server's half of the handshake: a fresh nonce out, ``(worker, HMAC(secret, nonce,
+    worker))`` back within ``HANDSHAKE_S``. Returns the worker, or why the peer was refused."""
+    nonce = secrets.token_bytes(_NONCE)
+    try:
+        conn.settimeout(HANDSHAKE_S)
+        conn.sendall(nonce)
+        buf = bytearray(2 + 32)
+        _recv_exact(conn, memoryview(buf))
+    except (OSError, ConnectionError) as exc:
+        return f"no credentials ({exc or 'timed out'})"
+    (worker,) = struct.unpack("!H", buf[:2])
+    if not hmac.compare_digest(bytes(buf[2:]), _proof(secret, nonce, worker)):
+        return "wrong credentials"
+    if worker >= count:
+        return f"worker {worker} out of range 0..{count - 1}"
+    conn.sendall(b"\x01")
+    conn.settimeout(None)
+    return worker
+
+
+def refuse(conn: socket.socket, who: str, why: str) -> None:
+    """Close a connection that is not the job's (or broke its framing) and say so on stderr."""
+    peer = "a peer"
+    with contextlib.suppress(OSError):
+        host, port = conn.getpeername()[:2]
+        peer = f"{host}:{port}"
+    print(f"dssync: {who}: dropped a connection from {peer}: {why}", file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError):
+        conn.close()
+
+
 def accept_each(listener: socket.socket, count: int, serve: Callable[[socket.socket], None], name: str,
-                threads: list[threading.Thread]) -> None:
-    """Accept ``count`` connections on ``listener`` (until it fails or closes), each served by
-    ``serve`` from a daemon thread of its own added to ``threads``; then close the listener."""
-    for _ in range(count):
+                threads: list[threading.Thread], *, secret: bytes) -> None:
+    """Accept connections on ``listener`` until ``count`` of them have proven they hold the
+    job's ``secret`` (a challenge and an HMAC, before any byte of a model moves), each served by
+    ``serve`` from a daemon thread of its own added to ``threads``; then close the listener.
+    A connection that fails the handshake is dropped and logged, and takes no worker's place.
+    Stops early when the listener times out or is closed."""
+    admitted = 0
+    lock = threading.Lock()
+    full = threading.Event()
+
+    def handle(conn: socket.socket) -> None:
+        nonlocal admitted
+        worker = _admit(conn, secret, count)
+        if isinstance(worker, str):
+            refuse(conn, name, worker)
+            return
+        with lock:
+            admitted += 1
+            if admitted == count:
+                full.set()
+                with contextlib.suppress(OSError):
+                    listener.shutdown(socket.SHUT_RDWR)  # wakes the accept below
+        serve(conn)
+
+    while not full.is_set():
         try:
             conn, _ = listener.accept()
         except OSError:
-            return
+            break
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        t = threading.Thread(target=serve, args=(conn,), name=name, daemon=True)
+        t = threading.Thread(target=handle, args=(conn,), name=name, daemon=True)
         t.start()
         threads.append(t)
     listener.close()
 
 
-def connect(addr: tuple[str, int], timeout_s: float, what: str) -> socket.socket:
-    """A TCP_NODELAY connection to ``addr``, retried while the peer is not listening yet; after
+def connect(addr: tuple[str, int], timeout_s: float, what: str, *, secret: bytes, worker: int) -> socket.socket:
+    """A TCP_NODELAY connection to ``addr`` that has proven it is ``worker`` of the job that holds
+    ``secret`` (``accept_each``), retried while the peer is not listening yet; after
     ``timeout_s`` a ``CommunicationError`` names ``what`` could not be reached."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -103,6 +177,16 @@ def connect(addr: tuple[str, int], timeout_s: float, what: str) -> socket.socket
             if time.monotonic() > deadline:
                 raise CommunicationError(f"{what} at {addr[0]}:{addr[1]}: {exc}") from None
             time.sleep(0.05)
+    try:
+        nonce = bytearray(_NONCE)
+        _recv_exact(sock, memoryview(nonce))
+        sock.sendall(struct.pack("!H", worker) + _proof(secret, bytes(nonce), worker))
+        ack = bytearray(1)
+        _recv_exact(sock, memoryview(ack))
+    except (OSError, ConnectionError) as exc:
+        sock.close()
+        raise CommunicationError(f"{what} at {addr[0]}:{addr[1]}: the handshake failed ({exc}); is it this "
+                                 "job's server?") from None
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
 
@@ -173,6 +257,7 @@ class ParameterServer:
         # as the addresses are exchanged.
         self._shard = self._new_shard(flat[start:stop].numpy().copy(), lr=lr, momentum=momentum,
                                       staleness=staleness)
+        self._secret = job_secret(comm)
         self._listener = socket.create_server((_local_address(), 0), backlog=self.n)
         self._listener.settimeout(self.timeout_s)
         self._threads: list[threading.Thread] = []
@@ -188,7 +273,8 @@ class ParameterServer:
         return _Shard(params, self.n, lr=lr, momentum=momentum, staleness=staleness, timeout_s=self.timeout_s)
 
     def _accept(self) -> None:
-        accept_each(self._listener, self.n, self._serve, f"ps-serve-{self.rank}", self._threads)
+        accept_each(self._listener, self.n, self._serve, f"rank {self.rank}'s parameter-server shard", self._threads,
+                    secret=self._secret)
 
     def _serve(self, conn: socket.socket) -> None:
         shard = self._shard
@@ -201,6 +287,10 @@ class ParameterServer:
                 except (ConnectionError, OSError):
                     return
                 if op == _STOP:
+                    return
+                if op not in (_PUSHPULL, _PULL) or worker >= self.n or (op == _PULL and nbytes):
+                    refuse(conn, f"rank {self.rank}'s parameter-server shard",
+                           f"a malformed frame (operation {op}, worker {worker}, {nbytes} bytes)")
                     return
                 if op == _PUSHPULL:
                     if nbytes != grad.nbytes:
@@ -221,7 +311,8 @@ class ParameterServer:
     # -- client side ------------------------------------------------------------------------
     def _connect(self, shard: int, addr: tuple[str, int]) -> socket.socket:
         return connect(addr, self._client_timeout_s,
-                       f"rank {self.rank}: cannot reach the parameter-server shard of rank {shard}")
+                       f"rank {self.rank}: cannot reach the parameter-server shard of rank {shard}",
+                       secret=self._secret, worker=self.rank)
 
     def _views(self, tensor: torch.Tensor) -> list[memoryview]:
         arr = tensor.numpy()

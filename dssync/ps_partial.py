@@ -73,6 +73,7 @@ from dssync.ps import (
     ParameterServer,
     _recv_exact,
     _recv_header,
+    refuse,
 )
 
 __all__ = ["PartialServer", "RoundShard"]
@@ -236,6 +237,10 @@ class PartialServer(ParameterServer):
                 try:
                     op, worker, version, _, nbytes = _recv_header(conn)
                 except (ConnectionError, OSError):
+                    return
+                if worker >= self.n or op not in (_STOP, _IDLE, _ACTIVE, _PULL, _PUSHPULL):
+                    refuse(conn, f"rank {self.rank}'s partial-sync shard",
+                           f"a malformed frame (operation {op}, worker {worker})")
                     return
                 if op in (_STOP, _IDLE, _ACTIVE):
                     shard.set_active(worker, op == _ACTIVE)

@@ -50,7 +50,7 @@ import numpy as np
 
 from dssync.collectives import Communicator
 from dssync.errors import CommunicationError
-from dssync.ps import _local_address, _recv_exact, accept_each, connect
+from dssync.ps import _local_address, _recv_exact, accept_each, connect, refuse
 
 __all__ = ["Scheduler", "SchedulerClient", "Tuning", "tune"]
 
@@ -110,7 +110,8 @@ class Scheduler:
     """
 
     def __init__(self, m: int, *, abort_time_s: float = 0.0, abort_rate: float = 0.0,
-                 max_fraction: float = 0.5, timeout_s: float = 300.0) -> None:
+                 max_fraction: float = 0.5, timeout_s: float = 300.0, secret: bytes) -> None:
+        self._secret = secret  # what a worker's connection must prove it holds (``ps.job_secret``)
         self.m, self.fixed = m, abort_time_s > 0
         self.tuning = Tuning(abort_time_s, abort_rate, 0.0)
         self.max_fraction = max_fraction
@@ -134,7 +135,7 @@ class Scheduler:
             t.start()
 
     def _accept(self) -> None:
-        accept_each(self._listener, self.m, self._serve, "specsync-serve", self._threads)
+        accept_each(self._listener, self.m, self._serve, "the SpecSync scheduler", self._threads, secret=self._secret)
 
     def _serve(self, conn: socket.socket) -> None:
         buf = bytearray(_MSG.size)
@@ -145,7 +146,10 @@ class Scheduler:
                 except (ConnectionError, OSError):
                     return
                 op, worker, iteration = _MSG.unpack(buf)
-                if op == _STOP or worker >= self.m:
+                if op == _STOP:
+                    return
+                if op != _NOTIFY or worker >= self.m:
+                    refuse(conn, "the SpecSync scheduler", f"a malformed frame (operation {op}, worker {worker})")
                     return
                 with self._lock:
                     self._socks.setdefault(worker, conn)
@@ -224,10 +228,12 @@ class SchedulerClient:
     """A worker's end of the control channel: sends notifies, turns re-syncs into a flag
     for the iteration they name (stale ones, for an iteration already over, are dropped)."""
 
-    def __init__(self, comm: Communicator, address: tuple[str, int] | None, *, timeout_s: float) -> None:
+    def __init__(self, comm: Communicator, address: tuple[str, int] | None, *, timeout_s: float,
+                 secret: bytes) -> None:
         self.rank = comm.rank
         addr = comm.allgather_object(address)[0]
-        self._sock = connect(tuple(addr), timeout_s, f"rank {self.rank}: cannot reach the SpecSync scheduler on rank 0")
+        self._sock = connect(tuple(addr), timeout_s, f"rank {self.rank}: cannot reach the SpecSync scheduler on rank 0",
+                             secret=secret, worker=self.rank)
         self._sock.settimeout(None)
         self._lock = threading.Lock()
         self._iteration = -1

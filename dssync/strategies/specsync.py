@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dssync.ps import job_secret
 from dssync.speculate import Scheduler, SchedulerClient
 from dssync.strategies.asp import ASPStrategy
 from dssync.strategy import StrategyContext
@@ -71,11 +72,13 @@ class SpecSyncStrategy(ASPStrategy):
     def setup(self) -> None:
         super().setup()
         c = self.config
+        secret = job_secret(self.comm)
         if self.comm.rank == 0:
             self.scheduler = Scheduler(self.comm.world_size, abort_time_s=c.abort_time_s, abort_rate=c.abort_rate,
-                                       max_fraction=c.max_abort_fraction, timeout_s=self.comm.timeout_s)
+                                       max_fraction=c.max_abort_fraction, timeout_s=self.comm.timeout_s,
+                                       secret=secret)
         self.client = SchedulerClient(self.comm, self.scheduler.address if self.scheduler else None,
-                                      timeout_s=self.comm.timeout_s)
+                                      timeout_s=self.comm.timeout_s, secret=secret)
         # Plain closures, not bound methods: a deep copy of the model (the handed-back one)
         # shares a function but would deep-copy a method's strategy, sockets and all.
         check = self._check

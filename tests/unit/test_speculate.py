@@ -65,7 +65,7 @@ def test_a_slow_worker_among_bursty_fast_ones_gains_from_waiting():
 
 
 def test_the_scheduler_re_syncs_once_when_the_others_pushed_in_the_window():
-    sched = Scheduler(3, abort_time_s=0.05, abort_rate=1 / 3)
+    sched = Scheduler(3, abort_time_s=0.05, abort_rate=1 / 3, secret=b"s" * 32)
     sent = []
     sched._send = lambda worker, op, iteration: sent.append((worker, iteration))  # no sockets in a unit test
     try:
