@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_writable", "read_versioned", "write_json"]
+__all__ = ["MAX_BYTES", "check_writable", "read_versioned", "write_json"]
+
+#: The largest contract file read (a topology of 100,000 workers with its matrices is far less).
+MAX_BYTES = 256 * 2**20
 
 
 def read_versioned(
@@ -20,18 +24,29 @@ def read_versioned(
     """
     path = Path(path)
     try:
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):  # a FIFO would block, /dev/zero never end
+            raise error(f"{kind} file {path} is not a regular file")
+        if info.st_size > MAX_BYTES:
+            raise error(f"{kind} file {path} has {info.st_size} bytes, over the limit of {MAX_BYTES}")
         text = path.read_text()
     except FileNotFoundError:
         raise error(f"{kind} file {path} does not exist") from None
+    except UnicodeDecodeError:
+        raise error(f"{kind} file {path} is not UTF-8 text") from None
     except OSError as exc:
         raise error(f"cannot read {kind} file {path}: {exc.strerror}") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise error(
             f"{kind} file {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: "
             f"{exc.msg})"
         ) from None
+    except ValueError as exc:
+        raise error(f"{kind} file {path}: {exc}") from None
+    except RecursionError:
+        raise error(f"{kind} file {path} nests too deeply to be a {kind}") from None
     if not isinstance(data, dict):
         raise error(f"{kind} file {path} must hold a JSON object, found {type(data).__name__}")
     found = data.get("version")
@@ -43,11 +58,20 @@ def read_versioned(
 
 
 def write_json(path: str | os.PathLike[str], data: Any) -> None:
-    """Write ``data`` as indented JSON, atomically (write a sibling, then rename)."""
+    """Write ``data`` as indented, strict JSON (no NaN or Infinity, which strict parsers
+    reject: ``ValueError`` instead), atomically (write a sibling, then rename)."""
     path = Path(path)
+    text = json.dumps(data, indent=1, allow_nan=False) + "\n"
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number strict JSON allows")
 
 
 def check_writable(path: str | os.PathLike[str]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -180,6 +181,10 @@ class Schedule:
             )
         world_size = data.get("world_size")
         predicted = data.get("predicted_comm_ms")
+        for key, value in (("predicted_comm_ms", predicted), ("rho", data.get("rho"))):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                      or not math.isfinite(value)):
+                raise ScheduleError(f'{source}: "{key}" must be a finite number, got {value!r}')
         notes = data.get("notes", [])
         if not isinstance(notes, list) or not all(isinstance(x, str) for x in notes):
             raise ScheduleError(f'{source}: "notes" must be a list of sentences, got {notes!r}')
@@ -207,8 +212,8 @@ class Schedule:
             "period": [[list(g) for g in p] for p in self.period],
             "rho": round(self.rho, 9),
         }
-        if self.predicted_comm_ms is not None:
-            out["predicted_comm_ms"] = round(self.predicted_comm_ms, 3)
+        if self.predicted_comm_ms is not None and math.isfinite(self.predicted_comm_ms):
+            out["predicted_comm_ms"] = round(self.predicted_comm_ms, 3)  # (a link of rate 0 predicts none)
         if self.notes:
             out["notes"] = list(self.notes)
         return out

@@ -1,6 +1,7 @@
 """The ``dssync`` command line, run as a user runs it: a subprocess, exit codes, stderr."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -62,15 +63,33 @@ def test_plan_from_rack_sizes_says_why_it_departs_from_the_paper(tmp_path):
                           "slow uplink of rack 2")
 
 
+_TWO = '{"version": 1, "workers": [{"rank": 0, "rack": 0}, {"rank": 1, "rack": 1}], "contention": {}}'
+
+
 @pytest.mark.parametrize(("content", "needle"), [
     ("{oops", "not valid JSON"),
     ('{"version": 1, "workers": [{"rank": 0, "rack": 0}, {"rank": 0, "rack": 0}]}', "duplicated ranks [0]"),
     ('{"version": 1, "workers": [{"rank": 1, "rack": 0}]}', "missing ranks [0]"),
     ('{"version": 7, "workers": []}', '"version": 7'),
+    (_TWO.replace("{}", '{"uplinks": ["x"]}'), 'contention uplinks[0] must be an object with an integer "rack"'),
+    (_TWO.replace("{}", '{"uplinks": [{}]}'), 'contention uplinks[0] must be an object with an integer "rack"'),
+    (_TWO.replace("{}", '{"uplinks": [{"rack": 5}]}'), 'contention uplinks[0] must be an object'),
+    (_TWO.replace("{}", '{"nics": [3]}'), 'contention nics[0] must be an object with an integer "rank"'),
+    (_TWO.replace("{}", '{"nics": "all"}'), 'contention "nics" must be a list'),
+    ("[" * 100_000 + "]" * 100_000, "nests too deeply"),
+    ('{"version": 1, "world_size": NaN, "workers": []}', "NaN is not a number strict JSON allows"),
+    ('{"version": 1, "world_size": Infinity, "workers": []}', "Infinity is not a number"),
+    (b"\xff\xfe{", "is not UTF-8 text"),
+    ("fifo", "is not a regular file"),
 ])
 def test_plan_rejects_malformed_topologies(tmp_path, content, needle):
     topo = tmp_path / "topology.json"
-    topo.write_text(content)
+    if content == "fifo":  # reading it would block for ever
+        os.mkfifo(topo)
+    elif isinstance(content, bytes):
+        topo.write_bytes(content)
+    else:
+        topo.write_text(content)
     out = tmp_path / "schedule.json"
     assert_one_line_error(dssync("plan", topo, "--out", out), needle, str(topo))
     assert not out.exists()  # nothing half-written

@@ -157,6 +157,16 @@ class Topology:
         contention = data.get("contention") or {}
         if not isinstance(contention, dict):
             raise TopologyError(f'{source}: "contention" must be an object')
+        racks = {w.rack for w in workers}
+        for key, field_, valid in (("uplinks", "rack", racks), ("nics", "rank", range(len(workers)))):
+            entries = contention.get(key, [])
+            if not isinstance(entries, list):
+                raise TopologyError(f'{source}: contention "{key}" must be a list of {{"{field_}": ...}} objects')
+            for i, entry in enumerate(entries):
+                value = entry.get(field_) if isinstance(entry, dict) else None
+                if not isinstance(value, int) or isinstance(value, bool) or value not in valid:
+                    raise TopologyError(f'{source}: contention {key}[{i}] must be an object with an integer '
+                                        f'"{field_}" of this topology, got {entry!r}')
         confidence = data.get("confidence")
         if confidence is not None and not isinstance(confidence, dict):
             raise TopologyError(f'{source}: "confidence" must be an object')
