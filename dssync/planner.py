@@ -26,6 +26,8 @@ __all__ = ["adjusted_plan", "check_adjusted", "check_paced", "check_static", "pa
 #: multiple; beyond it (say racks of 7, 8, 9 and 11 ranks: lcm 5544) the plan uses a
 #: bounded rotation of at least this many rounds instead.
 DEFAULT_MAX_PERIOD = 64
+#: The slowest pace a plan may take: racks exchange at least every this many rounds.
+MAX_PACE = 64
 
 
 def static_plan(
@@ -81,8 +83,9 @@ def plan(topology: Topology, *, max_period: int = DEFAULT_MAX_PERIOD,
          message_bytes: int | None = None, pace: int = 1) -> Schedule:
     """``adjusted_plan`` for the contention the topology records, ``static_plan`` without any;
     with ``pace`` > 1, ``paced`` by it."""
-    if pace < 1:
-        raise ScheduleError(f"pace must be 1 (every round) or more, got {pace}")
+    if not 1 <= pace <= MAX_PACE:
+        raise ScheduleError(f"pace must be 1 (every round) to {MAX_PACE}, got {pace}; a slower pace "
+                            "barely mixes the racks and makes the period that many times longer")
     uplinks, nics = contended(topology)
     if not uplinks and not nics:
         base = static_plan(topology, max_period=max_period, message_bytes=message_bytes)
@@ -113,8 +116,9 @@ def paced(schedule: Schedule, topology: Topology, pace: int, *, message_bytes: i
     ran every fourth round took twice as long each time (85 against 43 ms), because the job's
     idle socket restarts against the other job's established streams on that host.
     """
-    if pace < 1:
-        raise ScheduleError(f"pace must be 1 (every round) or more, got {pace}")
+    if not 1 <= pace <= MAX_PACE:
+        raise ScheduleError(f"pace must be 1 (every round) to {MAX_PACE}, got {pace}; a slower pace "
+                            "barely mixes the racks and makes the period that many times longer")
     if pace == 1:
         return schedule
     period: list[Partition] = []

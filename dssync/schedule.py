@@ -122,11 +122,13 @@ class Schedule:
                     raise ScheduleError(f"round {t}: group {list(group)} must hold integer ranks")
                 groups.append(tuple(sorted(int(r) for r in group)))
             flat = sorted(r for g in groups for r in g)
-            if flat != list(range(n)):
+            if len(flat) != n or flat != list(range(n)):  # the length first: n may be huge
                 seen = set()
                 dup = sorted({r for r in flat if r in seen or seen.add(r)})
-                missing = sorted(set(range(n)) - set(flat))
-                out = sorted(r for r in set(flat) if not 0 <= r < n)
+                present = set(flat)
+                missing: Any = sorted(r for r in range(n) if r not in present) if n <= len(flat) + 1000 else \
+                    f"{n - sum(1 for r in present if 0 <= r < n)} of {n}"  # n may be huge: count them
+                out = sorted(r for r in present if not 0 <= r < n)
                 parts = [f"{k} {v}" for k, v in (("missing ranks", missing),
                          ("ranks in two groups", dup), ("ranks out of range", out)) if v]
                 raise ScheduleError(

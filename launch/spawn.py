@@ -162,7 +162,25 @@ def run_ranks(
                           f"job with {launcher} ... --backend {backend} (without a launcher, use --backend torch)")
     if nproc is None or nproc < 1:
         raise ValueError(f"--nproc must be a positive number of local ranks, got {nproc}")
+    _check_room(nproc)
     return _spawn(fn, args, nproc, timeout_s, job_timeout_s)
+
+
+#: Memory one spawned rank takes at least (a process that has imported torch and joined gloo).
+RANK_MB = 300
+
+
+def _check_room(nproc: int) -> None:
+    """Refuse, before starting any, more local ranks than this host's available memory holds."""
+    try:
+        with open("/proc/meminfo") as f:
+            available_mb = next(int(line.split()[1]) // 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return  # not Linux, or no figure: nothing to check against
+    if nproc * RANK_MB > available_mb:
+        raise ValueError(f"--nproc {nproc}: {nproc} local ranks need about {nproc * RANK_MB / 1024:.0f} GiB "
+                         f"({RANK_MB} MB each) and {available_mb / 1024:.1f} GiB is available; spawn at most "
+                         f"{max(1, available_mb // RANK_MB)}, or start the job across hosts with a launcher")
 
 
 def _run_launched(env: LaunchEnv, fn: Callable[..., Any], args: tuple[Any, ...],

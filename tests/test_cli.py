@@ -285,6 +285,7 @@ def test_tune_sync_switch_writes_a_policy_that_a_recurring_job_reuses(tmp_path):
     (["--timeout", "nan"], "--timeout: 'nan' is not a finite number"),
     (["--steps", "x"], "--steps: 'x' is not an integer"),
     (["--nproc", "0"], "--nproc: '0' must be 1 or more"),
+    (["--nproc", "2", "--pace", "1"], "unrecognized arguments: --pace 1"),
     (["--model-mb", "1e400"], "--model-mb: '1e400' is not a finite number"),
     (["--strategy", "psp", "--set", "delay_s=nan"], "delay_s must be a finite float"),
     (["--json", "{tmp}/missing/run.json"], "the folder {tmp}/missing does not exist"),
@@ -294,13 +295,28 @@ def test_tune_sync_switch_writes_a_policy_that_a_recurring_job_reuses(tmp_path):
     (["--stop-after", "5", "--checkpoint", "{tmp}/ck"], "stop_after must be in 1..steps (3), got 5"),
     (["--device", "cuda"], "GPUs visible here"),
     (["--device", "cuda", "--strategy", "ssp"], "ssp keeps its model on the CPU"),
+    (["--nproc", "100000"], "--nproc 100000: 100000 local ranks need about"),
 ])
 def test_train_refuses_bad_flags_on_one_line_before_anything_runs(tmp_path, args, needle):
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     if "--strategy" not in args:
         args = ["--strategy", "ds-sync", *args]
     before = sorted(tmp_path.rglob("*"))
-    proc = dssync("train", "--nproc", "2", "--steps", "3", *args)
+    if "--nproc" not in args:
+        args = ["--nproc", "2", *args]
+    proc = dssync("train", "--steps", "3", *args)
     assert proc.returncode == 2
     assert_one_line_error(proc, needle.replace("{tmp}", str(tmp_path)))
     assert sorted(tmp_path.rglob("*")) == before  # nothing written
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--pace", "100000000"], "pace must be 1 (every round) to 64, got 100000000"),
+    (["--pace", "0"], "--pace: '0' must be 1 or more"),
+    (["--max-period", "-3"], "--max-period: '-3' must be 1 or more"),
+    (["--message-mb", "nan"], "--message-mb: 'nan' is not a finite number"),
+])
+def test_plan_refuses_bad_flags_on_one_line(tmp_path, args, needle):
+    out = tmp_path / "schedule.json"
+    assert_one_line_error(dssync("plan", "--rack-sizes", "4,4", "--out", out, *args), needle)
+    assert not out.exists()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from dssync.commands._common import parse_rack_sizes
+from dssync.commands._common import parse_rack_sizes, positive_float, positive_int
 from dssync.planner import (
     DEFAULT_MAX_PERIOD,
     check_adjusted,
@@ -35,11 +35,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also treat these ranks' NICs as slow (added to the topology's contention)")
     p.add_argument("--out", required=True, metavar="FILE", help="where to write schedule.json")
     p.add_argument("--print", action="store_true", dest="show", help="also print the period as a table")
-    p.add_argument("--max-period", type=int, default=DEFAULT_MAX_PERIOD,
+    p.add_argument("--max-period", type=positive_int, default=DEFAULT_MAX_PERIOD,
                    help="longest exact rotation before a bounded one is used (default %(default)s)")
-    p.add_argument("--message-mb", type=float, default=None,
+    p.add_argument("--message-mb", type=positive_float, default=None,
                    help="model size; with measured bandwidth, fills in predicted_comm_ms")
-    p.add_argument("--pace", type=int, default=1, metavar="K",
+    p.add_argument("--pace", type=positive_int, default=1, metavar="K",
                    help="racks exchange every K-th round only, rack-local rounds between "
                    "(dssync's extension for a cross-rack group much slower than the racks; default 1)")
     p.set_defaults(run=run)

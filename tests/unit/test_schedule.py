@@ -91,3 +91,8 @@ def test_notes_survive_the_file_and_malformed_ones_are_refused():
     assert "notes" not in Schedule(world_size=2, period=(((0, 1),),)).to_dict()
     with pytest.raises(ScheduleError, match='"notes" must be a list of sentences'):
         Schedule.from_dict({**schedule.to_dict(), "notes": "one string"})
+
+
+def test_a_huge_declared_world_size_is_refused_without_building_it():
+    with pytest.raises(ScheduleError, match="missing ranks 999999999997 of 1000000000000"):
+        Schedule(world_size=10**12, period=(((0, 1), (5,)),))
