@@ -781,9 +781,17 @@ def run_dssync(name: str, args: Sequence[str], out: Path, *, timeout_s: float,
     return json.loads(Path(out).read_text())
 
 
+#: Seconds the other workers of a job get to end after one has failed, before they are killed.
+FAILED_GRACE_S = 10.0
+
+
 def run(command: Sequence[str], *, name: str = DEFAULT_NAME, timeout_s: float | None = None,
         out=None, episodes: Sequence[Episode] = ()) -> int:
     """Run ``command`` once per worker in its namespace; stream ``[w<i>]``-prefixed output.
+
+    Once a copy has failed (a non-zero exit), the others have ``FAILED_GRACE_S`` to end, then
+    are killed, whatever they are doing (stopped, hung), and the first failure's code is the
+    result. Each copy dies with this process.
 
     Each copy gets RANK, WORLD_SIZE, LOCAL_RANK (0: one worker per emulated host),
     MASTER_ADDR (worker 0), MASTER_PORT, GLOO_SOCKET_IFNAME=eth0 and DSSYNC_HOST. Returns
@@ -833,13 +841,24 @@ def run(command: Sequence[str], *, name: str = DEFAULT_NAME, timeout_s: float | 
                 # inherits it); outside the namespace, whose own /sys has no cgroup mount
                 argv = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(_cpu_cgroup(c.name, rank)),
                         *argv]
+            # The worker dies with this process, even killed by SIGKILL (util-linux's setpriv
+            # sets PR_SET_PDEATHSIG, which every exec after it keeps).
+            argv = ["setpriv", "--pdeathsig", "KILL", *argv]
             procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           text=True, bufsize=1, start_new_session=True))
             threads.append(threading.Thread(target=pump, args=(rank, procs[-1]), daemon=True))
             threads[-1].start()
+        failed_at, gave_up = None, False
         while any(p.poll() is None for p in procs):
-            if deadline is not None and time.monotonic() > deadline:
+            now = time.monotonic()
+            if deadline is not None and now > deadline:
                 timed_out = True
+                break
+            if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
+                failed_at = now  # the job has failed: the others get FAILED_GRACE_S to say why
+                first = next(p.returncode for p in procs if p.returncode not in (None, 0))
+            if failed_at is not None and now > failed_at + FAILED_GRACE_S:
+                gave_up = True  # a worker that hangs or is stopped does not keep the job alive
                 break
             time.sleep(0.1)
     finally:
@@ -855,5 +874,7 @@ def run(command: Sequence[str], *, name: str = DEFAULT_NAME, timeout_s: float | 
             t.join(timeout=5)
     if timed_out:
         return 124
+    if gave_up:  # the first failure is the job's, not the kills that followed it
+        return first if first >= 0 else 128 - first
     codes = [p.returncode if p.returncode >= 0 else 128 - p.returncode for p in procs]
     return max(codes)

@@ -306,3 +306,39 @@ def test_down_removes_its_own_namespaces_and_no_other_with_its_prefix(name):
     finally:
         for ns in others:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def test_run_ends_when_a_worker_has_failed_whatever_a_stopped_one_does(name):
+    with emulate.cluster([1, 1], name=name):
+        out = io.StringIO()
+        started = time.monotonic()
+        code = emulate.run(["sh", "-c", 'if [ "$RANK" = 0 ]; then sleep 1; exit 3; else kill -STOP $$; fi'],
+                           name=name, out=out, timeout_s=300)
+        took = time.monotonic() - started
+    assert code == 3 and took < 1 + emulate.FAILED_GRACE_S + 20, (code, took)
+
+
+def test_killing_emulate_run_leaves_no_worker(name):
+    import sys
+    from pathlib import Path
+
+    dssync = str(Path(sys.executable).parent / "dssync")
+    with emulate.cluster([1, 1], name=name) as c:
+        proc = subprocess.Popen([dssync, "emulate", "run", "--name", name, "--", "sleep", "600"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 30
+            def pids():
+                return [p for ns in (c.worker_ns(0), c.worker_ns(1)) for p in subprocess.run(
+                    ["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()]
+            while len(pids()) < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert len(pids()) == 2
+            proc.kill()
+            proc.wait(timeout=10)
+            deadline = time.monotonic() + 10
+            while pids() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert pids() == []  # before `down` would have killed them
+        finally:
+            proc.kill()
