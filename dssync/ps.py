@@ -323,6 +323,7 @@ class ParameterServer:
         sent = self._views(grad) if grad is not None else [memoryview(b"")] * self.n
         into = self._views(self.flat)
         shard = -1
+        started = time.monotonic()
         try:
             for shard, (sock, payload) in enumerate(zip(self._socks, sent, strict=True)):  # noqa: B007
                 sock.sendall(_HEADER.pack(op, self.rank, clock, 0, payload.nbytes))
@@ -343,7 +344,8 @@ class ParameterServer:
                 self.versions[shard] = version
         except (TimeoutError, ConnectionError, OSError) as exc:
             raise CommunicationError(f"rank {self.rank}: {what} at clock {clock} with the parameter-server "
-                                     f"shard of rank {shard} failed after up to {self._client_timeout_s:.0f} s: "
+                                     f"shard of rank {shard} failed after {time.monotonic() - started:.1f} s "
+                                     f"(the limit is {self._client_timeout_s:.0f} s): "
                                      f"{exc or type(exc).__name__}") from None
 
     def push_pull(self, grad: torch.Tensor, clock: int) -> None:
