@@ -46,7 +46,8 @@ def strategy_settings(strategy: str, pairs: list[str]) -> dict[str, Any]:
             else:
                 value = {"int": int, "float": finite_float}.get(kind, str)(text)
         except (ValueError, argparse.ArgumentTypeError):
-            raise ValueError(f"--set {pair!r}: {key} must be a{' finite' if kind == 'float' else ''} {kind}") from None
+            raise ValueError(f"--set {pair!r}: {key} must be of type {kind}"
+                             f"{' (a finite number)' if kind == 'float' else ''}") from None
         out[key] = value
     return out
 
