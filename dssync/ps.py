@@ -150,7 +150,13 @@ def accept_each(listener: socket.socket, count: int, serve: Callable[[socket.soc
                 full.set()
                 with contextlib.suppress(OSError):
                     listener.shutdown(socket.SHUT_RDWR)  # wakes the accept below
-        serve(conn)
+        try:
+            serve(conn)
+        except (ConnectionError, OSError):
+            pass  # the peer vanished mid-frame (its process died): its own side, or its peers, report it
+        finally:
+            with contextlib.suppress(OSError):
+                conn.close()
 
     while not full.is_set():
         try:

@@ -250,8 +250,9 @@ def _spawn(fn: Callable[..., Any], args: tuple[Any, ...], nproc: int,
                 done.add(rank)
                 dead = _first_dead(procs, done)
                 if dead is not None:  # a peer died first; this rank only noticed
+                    seen = _one_line(value).removeprefix(f"rank {rank}: ")
                     failure = (dead, f"rank {dead} died ({how_it_ended(procs[dead].exitcode)}); then rank "
-                               f"{rank}: {_one_line(value)}", tb)
+                               f"{rank}: {seen}", tb)
         finished = failure is None
     finally:
         # Anything but a clean finish (a failure, Ctrl-C, SIGTERM) ends every rank at once.
