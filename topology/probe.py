@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import shutil
 import socket
@@ -464,8 +465,42 @@ def _echo(racks: list[int], rack: int, pingers: list[int], bw: np.ndarray, laten
     return min(outside, key=lambda i: (sum(sym[j, i] > clear_us for j in pingers), -ingress(i), -bw[:, i].max(), i))
 
 
+#: ``_waits_on``: windows of pings, the pause before each, and the pings in one window;
+#: ``_fans``: how many of a rank's nearest peers it is rechecked with at most
+_RECHECK_WINDOWS, _RECHECK_GAP_S, _RECHECK_PINGS, _RECHECK_PEERS = 7, 0.02, 4, 8
+
+
+def _waits_on(comm: Communicator, link: _Link, cfg: ProbeConfig, rank: int, peer: int) -> float:
+    """One-way µs from ``rank`` to ``peer`` that most moments see, on every rank: the
+    median over ``_RECHECK_WINDOWS`` windows, 20 ms apart, of each window's fastest ping.
+
+    The pairs phase keeps a path's fastest ping of a burst, which tells a path from the CPU
+    on a busy host but not a standing queue from a lull in it: another job's TCP streams
+    back off together now and then, and a burst of pings that starts then runs entirely in
+    the lull (at 0.1 ms a round trip, twenty take 2 ms). On a 2,3,3 layout with another
+    job's two streams through rank 5's NIC, its pings once looked clear that way in CI, its
+    fan of seven flows took 0.6 Gbit/s from those streams and cleared the NIC. Windows
+    spread over 0.15 s each keep their fastest ping, so a scheduling hiccup still costs
+    nothing, and the median of them is a lull only if most of that time was one.
+    """
+    window = replace(cfg, latency_reps=_RECHECK_PINGS, latency_seconds=_RECHECK_GAP_S / 2)
+    mine = None
+    if comm.rank in (rank, peer):
+        other, lead = (peer, True) if comm.rank == rank else (rank, False)
+        values = []
+        for _ in range(_RECHECK_WINDOWS):
+            if lead:
+                time.sleep(_RECHECK_GAP_S)
+            value = _ping_pong(link, other, lead, window)
+            if value is not None:
+                values.append(value)
+        mine = float(np.median(values)) if lead else None
+    return next(v for v in comm.allgather_object(mine) if v is not None)
+
+
 def _fans(comm: Communicator, link: _Link, cfg: ProbeConfig, bw: np.ndarray, hosts: list[str],
-          racks: list[int], queued: list[int]) -> tuple[dict[int, dict[str, dict[int, float]]], list[dict[str, Any]]]:
+          racks: list[int], queued: list[int], latency_us: np.ndarray,
+          clear_us: float) -> tuple[dict[int, dict[str, dict[int, float]]], list[dict[str, Any]]]:
     """A fan for each rank whose pairs called its NIC slow (``nic_suspects``) and whose NIC
     has no standing queue (not ``queued``): it sends to, or takes from, every rank off its
     host at once, in each direction it looked slow. ``({rank: {direction: {peer: Gbit/s}}},
@@ -476,7 +511,14 @@ def _fans(comm: Communicator, link: _Link, cfg: ProbeConfig, bw: np.ndarray, hos
     take a larger share of them (TCP shares per flow), so a fan could not clear it and none
     is run. One clear ping is not enough: on a 5,4 layout with another job's two streams
     through rank 7's NIC, one ping reached it in 88 us while the others waited 0.9-1.4 ms,
-    and its fan of eight flows carried 0.67 Gbit/s and cleared the NIC.
+    and its fan of eight flows carried 0.67 Gbit/s and cleared the NIC. Nor is one clear
+    burst: before its fan, a rank is pinged again in windows spread over time
+    (``_waits_on``), from its nearest ranks off its host in turn until one path is clear;
+    one whose every path waits most of the time gets no fan either (in the record as
+    ``{"rank", "skipped": "standing queue", "ping_us"}``, its best path's). Every path, not
+    the nearest only: on a 1,3,1 layout with another job on the middle rack's uplink, the
+    first rack's clear worker reached its nearest rank, in the middle rack, through that
+    uplink's queue (2.6 ms), and the third rack's worker in 0.2 ms.
     """
     fans: dict[int, dict[str, dict[int, float]]] = {}
     record: list[dict[str, Any]] = []
@@ -488,6 +530,17 @@ def _fans(comm: Communicator, link: _Link, cfg: ProbeConfig, bw: np.ndarray, hos
         if i in queued:
             continue
         peers = [j for j in range(len(hosts)) if hosts[j] != hosts[i]]
+        if not peers:
+            continue
+        # Its nearest peers first: one clear path shows its NIC holds no queue
+        ping_us = math.inf
+        for j in sorted(peers, key=lambda j: (latency_us[i, j] + latency_us[j, i], j))[:_RECHECK_PEERS]:
+            ping_us = min(ping_us, _waits_on(comm, link, cfg, i, j))
+            if ping_us <= clear_us:
+                break
+        if ping_us > clear_us:
+            record.append({"rank": i, "skipped": "standing queue", "ping_us": round(ping_us, 1)})
+            continue
         # the slower direction first: a NIC stays slow unless every slow direction clears
         for d in sorted(directions, key=lambda d: bw[i].max() if d == "out" else bw[:, i].max()):
             flows = [(i, j) if d == "out" else (j, i) for j in peers]
@@ -623,7 +676,7 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
         p["rack"] = racks[fit.groups[g][0]]
     by_rack = {p["rack"]: p["egress_gbps"] for p in phases if p["flows"]}
     aggregates = [by_rack.get(r, float("nan")) for r in range(max(racks) + 1)] if phases else None
-    fans, fan_record = _fans(comm, link, cfg, bandwidth_gbps, hosts, racks, queued)
+    fans, fan_record = _fans(comm, link, cfg, bandwidth_gbps, hosts, racks, queued, latency_us, clear_us)
     phase_seconds["fans"] = round(time.time() - started_at - phase_seconds["pairs"] - phase_seconds["blasts"], 3)
     contention: dict[str, Any] = dict(classify_contention(bandwidth_gbps, racks, aggregates, hosts=hosts, fans=fans,
                                                                 queued=queued))

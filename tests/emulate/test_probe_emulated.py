@@ -48,7 +48,7 @@ def test_probe_finds_the_racks_and_exactly_the_contended_links(case, name, tmp_p
     # On a miss, the whole measurement: it goes into tests/unit/data/emulated_probes.json.
     assert found == [r for r, size in enumerate(racks) for _ in range(size)], out.read_text()
     assert [u["rack"] for u in topo["contention"]["uplinks"]] == slow_uplinks, out.read_text()
-    assert [n["rank"] for n in topo["contention"]["nics"]] == slow_nics, topo["contention"]
+    assert [n["rank"] for n in topo["contention"]["nics"]] == slow_nics, out.read_text()
     assert topo["probe"]["rounds"] == (sum(sizes) - 1 if sum(sizes) % 2 == 0 else sum(sizes))
 
 
@@ -70,3 +70,37 @@ def test_probe_on_generated_layouts_is_right_or_says_it_is_unsure(index, name):
     if not conf["confident"]:
         assert conf["unplaced"] or conf["unsure"] or not all(b["confident"] for b in conf["boundaries"]), conf
     assert set(layout.contended_nics) <= set(row["nics_found"]), (layout.describe(), topo["contention"])
+
+
+RECHECK = """
+import json
+from dssync.launch.spawn import run_ranks
+from dssync.topology import probe
+
+def rank(comm):
+    link = probe._Link(comm.rank, 30.0)
+    cfg = probe.ProbeConfig()
+    comm.barrier()
+    return {"queued": probe._waits_on(comm, link, cfg, 2, 3), "clear": probe._waits_on(comm, link, cfg, 0, 1)}
+
+result = run_ranks(rank, nproc=None, timeout_s=30)
+if result[0] is not None:
+    print(json.dumps(result[0]))
+"""
+
+
+def test_the_fan_recheck_sees_another_jobs_queue_at_a_nic_and_none_on_a_clear_path(name, tmp_path):
+    """``_waits_on`` (pings in windows spread over time) against the cluster as built:
+    another job's two streams through rank 2's NIC keep a queue there, rank 0 and 1 share
+    a quiet rack. The queued path waits more than ``DELAY_RATIO`` times the clear one."""
+    from dssync.topology.infer import DELAY_RATIO
+
+    script = tmp_path / "recheck.py"
+    script.write_text(RECHECK)
+    with emulate.cluster([2, 2], name=name):
+        emulate.contend(name=name, flows=[("nic", 2)], streams=2)
+        proc = subprocess.run([DSSYNC, "emulate", "run", "--name", name, "--timeout", "120", "--",
+                               sys.executable, str(script)], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    pings = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("[w0] {"))[5:])
+    assert pings["queued"] > DELAY_RATIO * pings["clear"], pings
