@@ -15,7 +15,7 @@ MAX_BYTES = 256 * 2**20
 
 
 def read_versioned(
-    path: str | os.PathLike[str], *, kind: str, version: int, error: type[Exception]
+    path: str | os.PathLike[str], *, kind: str, version: int | tuple[int, ...], error: type[Exception]
 ) -> dict[str, Any]:
     """Load a JSON object from ``path`` and check its ``"version"``.
 
@@ -50,9 +50,11 @@ def read_versioned(
     if not isinstance(data, dict):
         raise error(f"{kind} file {path} must hold a JSON object, found {type(data).__name__}")
     found = data.get("version")
-    if found != version:
+    versions = version if isinstance(version, tuple) else (version,)
+    if found not in versions or isinstance(found, bool):
         raise error(
-            f'{kind} file {path} has "version": {found!r}; this dssync reads version {version}'
+            f'{kind} file {path} has "version": {found!r}; this dssync reads version '
+            f'{" or ".join(map(str, versions))}'
         )
     return data
 

@@ -3,20 +3,24 @@
 Pure code: numpy only, no process groups. ``static_plan`` is ``initGroups`` of the
 paper (Fig. 4); ``check_static`` states the invariants that plan guarantees, so tests and
 the ``dssync plan`` command can verify a schedule against a topology.
+
+Plans are built in the schedule's compact form (``dssync.schedule``): the racks are its
+blocks, and a round names only its cross-rack groups and its pairs; each rack's large
+intra-rack group is the rest of the rack. So planning costs about ``period x (racks +
+named ranks)``, never ``period x ranks``, and the checks look at named ranks only.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.sparse
-import scipy.sparse.csgraph
 
 from dssync.errors import ScheduleError
-from dssync.schedule import Partition, Schedule
+from dssync.schedule import Group, Partition, Schedule, connected
 from dssync.topology import Topology
 
 __all__ = ["adjusted_plan", "check_adjusted", "check_paced", "check_static", "paced", "plan", "predict_round_ms",
@@ -62,7 +66,7 @@ def static_plan(
     racks = topology.racks()
     notes: list[str] = []
     if len(racks) == 1:
-        period: list[Partition] = [(tuple(racks[0]),)]
+        period: list[tuple[Group, ...]] = [()]  # the rack is the one group
     else:
         sizes = [len(r) for r in racks]
         length, bounded = _period_length(sizes, max_period)
@@ -70,7 +74,7 @@ def static_plan(
             notes.append(f"racks of {sizes} workers: a bounded period of {length} rounds (exact rotation "
                          f"needs {math.lcm(*sizes)}); representation counts within a rack differ by at most one")
         period = _rotation(racks, length, shifted=False)
-        if not _connected(period, topology.world_size):
+        if not connected(topology.world_size, racks, period):
             # Racks of two have a singleton intra-rack group, so when every rack is that
             # small, lock-step rotation pairs the same representatives forever (racks
             # {0,1},{2,3}: only 0-2 and 1-3 ever meet). Shift rack r's rotation by r more
@@ -121,10 +125,11 @@ def paced(schedule: Schedule, topology: Topology, pace: int, *, message_bytes: i
                             "barely mixes the racks and makes the period that many times longer")
     if pace == 1:
         return schedule
-    period: list[Partition] = []
-    for partition in schedule.period:
-        period.append(partition)
-        period += [_rack_local(partition, topology)] * (pace - 1)
+    _racks_are_blocks(schedule, topology)
+    period: list[tuple[Group, ...]] = []
+    for t, named in enumerate(schedule.rounds):
+        period.append(named)
+        period += [_rack_local(schedule, t, topology)] * (pace - 1)
     return _schedule(period, topology, message_bytes, notes=schedule.notes)
 
 
@@ -155,18 +160,19 @@ def with_uplink_probes(schedule: Schedule, topology: Topology, *, message_bytes:
     for i, r in enumerate(suspects):
         after = {q: k for k, q in enumerate(suspects[i + 1:] + suspects[:i])}
 
-        def partner(partition: Partition, r: int = r, after: dict[int, int] = after) -> int:
+        def partner(partition: tuple[Group, ...], r: int = r, after: dict[int, int] = after) -> int:
             pair = next((g for g in partition if len({topology.rack_of(x) for x in g}) > 1
                          and any(topology.rack_of(x) == r for x in g)), ())
             return min((after.get(topology.rack_of(x), len(after)) for x in pair if topology.rack_of(x) != r),
                        default=len(after))
 
-        probes.append(min(adjusted_plan(topology, slow_uplinks=[*uplinks, r], slow_nics=nics).period, key=partner))
-    every = min(len(schedule.period), PROBE_EVERY)
-    base = math.lcm(len(schedule.period), every * len(probes))
-    period: list[Partition] = []
+        probes.append(min(adjusted_plan(topology, slow_uplinks=[*uplinks, r], slow_nics=nics).rounds, key=partner))
+    _racks_are_blocks(schedule, topology)
+    every = min(schedule.length, PROBE_EVERY)
+    base = math.lcm(schedule.length, every * len(probes))
+    period: list[tuple[Group, ...]] = []
     for t in range(base):
-        period.append(schedule.period[t % len(schedule.period)])
+        period.append(schedule.rounds[t % schedule.length])
         if (t + 1) % every == 0:
             period.append(probes[(t // every) % len(probes)])
     note = (f"a probe round after every {every} rounds pairs racks {suspects} apart in turn, so that a slow "
@@ -174,19 +180,40 @@ def with_uplink_probes(schedule: Schedule, topology: Topology, *, message_bytes:
     return _schedule(period, topology, message_bytes, notes=(*schedule.notes, note))
 
 
-def _rack_local(partition: Partition, topology: Topology) -> Partition:
-    """``partition`` with each cross-rack group's members moved into the largest group of
-    their own rack that holds no slow NIC (alone when there is none)."""
+def _rack_local(schedule: Schedule, t: int, topology: Topology) -> tuple[Group, ...]:
+    """Round ``t``'s named groups with each cross-rack group's members moved into the
+    largest group of their own rack that holds no slow NIC (the first of them by lowest
+    rank; alone when there is none). A rack's rest holds no named rank, so joining it means
+    being named no more; the rest's size and lowest rank come from the named ranks."""
     slow = set(contended(topology)[1])
-    local = [list(g) for g in partition if len({topology.rack_of(r) for r in g}) == 1]
-    loose = [r for g in partition if len({topology.rack_of(r) for r in g}) > 1 for r in g]
+    named = schedule.rounds[t]
+    local = [list(g) for g in named if len({topology.rack_of(r) for r in g}) == 1]
+    loose = [r for g in named if len({topology.rack_of(r) for r in g}) > 1 for r in g]
+    rests: dict[int, list[int]] = {}  # rack -> [size, lowest rank] of its rest, if it has one
     for r in loose:
-        homes = [g for g in local if topology.rack_of(g[0]) == topology.rack_of(r) and not slow & set(g)]
-        if homes:
-            max(homes, key=len).append(r)
-        else:
+        rack = topology.rack_of(r)
+        if rack not in rests:
+            rest = schedule.rest(t, rack)
+            rests[rack] = [len(rest), rest[0]] if rest and not slow & set(rest) else [0, -1]
+        homes = [(len(g), -g[0], k) for k, g in enumerate(local)
+                 if topology.rack_of(g[0]) == rack and not slow & set(g)]
+        if rests[rack][0]:
+            homes.append((rests[rack][0], -rests[rack][1], -1))
+        if not homes:
             local.append([r])
+            continue
+        k = max(homes)[2]
+        if k < 0:
+            rests[rack][0] += 1
+            rests[rack][1] = min(rests[rack][1], r)
+        else:
+            local[k].append(r)
     return tuple(tuple(sorted(g)) for g in local)
+
+
+def _racks_are_blocks(schedule: Schedule, topology: Topology) -> None:
+    if list(schedule.blocks) != [tuple(r) for r in topology.racks()]:
+        raise ScheduleError("this takes a plan of dssync's planner (its blocks are the topology's racks)")
 
 
 def contended(topology: Topology) -> tuple[list[int], list[int]]:
@@ -196,15 +223,17 @@ def contended(topology: Topology) -> tuple[list[int], list[int]]:
             sorted(int(n["rank"]) for n in contention.get("nics", [])))
 
 
-def _schedule(period: Sequence[Partition], topology: Topology, message_bytes: int | None, *,
+def _schedule(rounds: Sequence[Sequence[Group]], topology: Topology, message_bytes: int | None, *,
               notes: Sequence[str] = ()) -> Schedule:
-    """The ``Schedule`` of ``period``, with ``predicted_comm_ms`` (the mean over the period of
-    the slowest group's lower bound) when the topology has bandwidth and a size is given."""
-    predicted = None
+    """The ``Schedule`` of ``rounds`` (each round's named groups; the rest of each rack is
+    one group), with ``predicted_comm_ms`` (the mean over the period of the slowest group's
+    lower bound) when the topology has bandwidth and a size is given."""
+    schedule = Schedule(world_size=topology.world_size, blocks=topology.racks(), rounds=tuple(rounds),
+                        notes=tuple(notes))
     if message_bytes is not None and topology.bandwidth_gbps is not None:
-        predicted = float(np.mean([predict_round_ms(p, topology, message_bytes) for p in period]))
-    return Schedule(world_size=topology.world_size, period=tuple(period), predicted_comm_ms=predicted,
-                    notes=tuple(notes))
+        schedule.predicted_comm_ms = float(np.mean([predict_round_ms(schedule.partition_at(t), topology, message_bytes)
+                                                    for t in range(schedule.length)]))
+    return schedule
 
 
 def adjusted_plan(
@@ -297,7 +326,7 @@ def adjusted_plan(
     blocks = max(cycles)
     shift = np.arange(blocks)[:, None] * np.arange(columns)[None, :]
     for attempt in range(33):
-        if _connected(period, n):
+        if connected(n, racks, period):
             break
         if attempt:
             blocks = max(cycles) * (1 + (attempt - 1) // 8)
@@ -306,7 +335,7 @@ def adjusted_plan(
     if len(period) > length:
         notes.append(f"rotations shifted in {len(period) // length} blocks of {length} rounds to mix; crossing "
                      f"counts within a rack differ by at most one per block")
-    if not _connected(period, n):
+    if not connected(n, racks, period):
         raise ScheduleError(
             f"no mixing plan keeps slow uplinks {sorted(set(slow_uplinks))} and slow NICs {sorted(slow_set)} "
             f"in groups of two for racks {[len(r) for r in racks]}; drop a contention entry"
@@ -362,16 +391,18 @@ def _period_length(cycles: Sequence[int], max_period: int) -> tuple[int, bool]:
 
 
 def _adjusted_rounds(members: list[_RackMembers], shape: tuple[int, list[int], bool], length: int,
-                     *, block: int = 1, shift: np.ndarray | None = None) -> tuple[list[Partition], list[int]]:
+                     *, block: int = 1, shift: np.ndarray | None = None) -> tuple[list[tuple[Group, ...]], list[int]]:
     """The rounds of ``adjusted_plan``. Rack ``r``'s regular workers are a queue advanced by
     how many of them crossed racks in the round (by one when none did), its slow workers one
     advanced by one a round (every other round for an alternating rack); the rack pairing
     rotates by one a round. At each ``block`` boundary queue ``c`` jumps by ``shift[b, c]``
     (columns: regular queues, slow queues, the pairing). Returns the rounds and where each
-    queue ended (the clear queues: how many crossings the rack made)."""
+    queue ended (the clear queues: how many crossings the rack made). A round names every
+    group but each rack's large one: the regular workers its queue did not reach this round,
+    the rest of the rack."""
     n_racks, slow_racks, multi = shape
     head = [0] * (2 * n_racks + 1)
-    period: list[Partition] = []
+    period: list[tuple[Group, ...]] = []
     for t in range(length):
         if shift is not None and t % block == 0:
             head = [h + int(s) for h, s in zip(head, shift[t // block], strict=True)]
@@ -403,22 +434,29 @@ def _adjusted_rounds(members: list[_RackMembers], shape: tuple[int, list[int], b
                 crossing[big.pop()] -= 1
         sent: dict[int, list[int]] = {}
         for r, m in enumerate(members):
-            order = [m.regular[(head[r] + k) % len(m.regular)] for k in range(len(m.regular))]
+            # The queue of regular workers from its head: the first ones cross and partner slow
+            # workers, the ones it does not reach stay the rack's rest (named by no group).
+            first, reached = head[r], 0
             # The queue moves on by as many as crossed, so crossing goes round the rack in turn;
             # a rack that never crosses (one rack alone) still rotates its slow NICs' partners.
             head[r] += crossing.get(r, 0) or (0 if multi else 1)
             lone = [m.slow[(head[n_racks + r] + k) % len(m.slow)] for k in range(len(m.slow))]
             if not m.alternate or t % 2:
                 head[n_racks + r] += 1
-            out = [order.pop(0) if order else lone.pop(0) for _ in range(crossing.get(r, 0))]
+            out = []
+            for _ in range(crossing.get(r, 0)):
+                if reached < len(m.regular):
+                    out.append(m.regular[(first + reached) % len(m.regular)])
+                    reached += 1
+                else:
+                    out.append(lone.pop(0))
             sent[r] = out
             for w in list(lone):
-                if order:
-                    groups.append((w, order.pop(0)))
+                if reached < len(m.regular):
+                    groups.append((w, m.regular[(first + reached) % len(m.regular)]))
+                    reached += 1
                     lone.remove(w)
             groups += [tuple(lone[k:k + 2]) for k in range(0, len(lone), 2)]
-            if order:
-                groups.append(tuple(order))
         for a, b in pairs:
             groups.append((sent[a].pop(), sent[b].pop()))
         if big:
@@ -435,6 +473,31 @@ def _can_spare(m: _RackMembers) -> bool:
     return len(m.regular) >= 2 + (1 if m.slow else 0)
 
 
+def _rounds(schedule: Schedule, topology: Topology,
+            watch: Sequence[int] = ()) -> Iterator[list[tuple[Sequence[int], int, set[int]]]]:
+    """Each round's groups as ``(members, size, racks they span)``. A named group comes
+    whole; the rest of a block that lies in one rack (a plan's rack) brings as members only
+    its ranks in ``watch``, so a check over a period costs its named ranks and racks, not
+    period x ranks; the rest of any other block comes whole."""
+    rack_of_block: list[int | None] = []
+    for block in schedule.blocks:
+        racks = {topology.rack_of(r) for r in block}
+        rack_of_block.append(racks.pop() if len(racks) == 1 else None)
+    watched: dict[int, list[int]] = {}
+    for r in watch:
+        watched.setdefault(schedule.block_of(r), []).append(r)
+    for t in range(schedule.length):
+        named = schedule.named(t)
+        groups = [(g, len(g), {topology.rack_of(r) for r in g}) for g in schedule.rounds[t]]
+        for b, size in schedule.rest_sizes(t).items():
+            if rack_of_block[b] is not None:
+                groups.append(([r for r in watched.get(b, ()) if r not in named], size, {rack_of_block[b]}))
+            else:
+                rest = schedule.rest(t, b)
+                groups.append((rest, size, {topology.rack_of(r) for r in rest}))
+        yield groups
+
+
 def check_adjusted(schedule: Schedule, topology: Topology, *, slow_uplinks: Sequence[int] = (),
                    slow_nics: Sequence[int] = ()) -> None:
     """Raise ``ScheduleError`` unless the plan keeps every contended link to one small flow.
@@ -447,19 +510,20 @@ def check_adjusted(schedule: Schedule, topology: Topology, *, slow_uplinks: Sequ
     racks = topology.racks()
     all_slow = {r for r, rack in enumerate(racks) if set(rack) <= slow_nic_set}
     narrow = set(slow_uplinks) | (all_slow if len(racks) > 1 else set())
-    for t, partition in enumerate(schedule.period):
+    for t, partition in enumerate(_rounds(schedule, topology, watch=sorted(slow_nic_set))):
         flows = dict.fromkeys(narrow, 0)
-        for group in partition:
-            in_racks = {topology.rack_of(r) for r in group}
+        for group, size, in_racks in partition:
             crossing = len(in_racks) > 1
+            if crossing and not isinstance(group, tuple):
+                group = schedule.rest(t, schedule.block_of(group[0]))  # (a rest spans racks only off a plan)
             for r in group:
                 rack = topology.rack_of(r)
-                if r in slow_nic_set and (len(group) > 2 or (crossing and rack not in all_slow)):
+                if r in slow_nic_set and (size > 2 or (crossing and rack not in all_slow)):
                     raise ScheduleError(f"round {t}: rank {r} has a slow NIC but is in {list(group)}; "
                                         "it must be in a pair inside its rack")
                 if crossing and rack in narrow:
                     flows[rack] += 1
-                    if len(group) > 2:
+                    if size > 2:
                         why = "uplink is slow" if rack in slow_uplinks else "NICs are all slow"
                         raise ScheduleError(f"round {t}: rack {rack}'s {why} but its representative {r} is in "
                                             f"{list(group)}, not a pair")
@@ -472,37 +536,24 @@ def check_paced(schedule: Schedule, topology: Topology, pace: int) -> Schedule:
     """Raise ``ScheduleError`` unless ``schedule`` is a plan ``paced`` by ``pace``: its length a
     multiple of ``pace``, and no group crossing racks outside rounds ``0, pace, 2 pace, ...``.
     Returns the plan of those rounds, for ``check_static`` or ``check_adjusted``."""
-    if pace < 1 or len(schedule.period) % pace:
+    if pace < 1 or schedule.length % pace:
         raise ScheduleError(f"a plan paced by {pace} has a multiple of {pace} rounds; this one has "
-                            f"{len(schedule.period)}")
-    for t, partition in enumerate(schedule.period):
-        crossing = [list(g) for g in partition if len({topology.rack_of(r) for r in g}) > 1]
+                            f"{schedule.length}")
+    if pace == 1:
+        return schedule
+    for t, partition in enumerate(_rounds(schedule, topology)):
+        crossing = [list(g) for g, _, spans in partition if len(spans) > 1]
         if t % pace and crossing:
             raise ScheduleError(f"round {t}: groups {crossing} cross racks, but with pace {pace} racks "
                                 f"exchange only in rounds that are multiples of {pace}")
-    return Schedule(world_size=schedule.world_size, period=schedule.period[::pace])
+    return Schedule(world_size=schedule.world_size, blocks=schedule.blocks, rounds=schedule.rounds[::pace])
 
 
-def _rotation(racks: list[list[int]], length: int, *, shifted: bool, block: int = 1) -> list[Partition]:
-    period: list[Partition] = []
-    for t in range(length):
-        reps = [rack[(t + (t // block) * r * shifted) % len(rack)] for r, rack in enumerate(racks)]
-        groups = [tuple(reps)]
-        groups += [tuple(m for m in rack if m != rep) for rack, rep in zip(racks, reps, strict=True)
-                   if len(rack) > 1]
-        period.append(tuple(groups))
-    return period
-
-
-def _connected(period: list[Partition], world_size: int) -> bool:
-    """Whether the union of the period's groups connects every rank (then rho < 1)."""
-    rows, cols = [], []
-    for partition in period:
-        for group in partition:
-            rows += [group[0]] * len(group)
-            cols += list(group)
-    graph = scipy.sparse.coo_matrix((np.ones(len(rows)), (rows, cols)), shape=(world_size, world_size))
-    return scipy.sparse.csgraph.connected_components(graph, directed=False)[0] == 1
+def _rotation(racks: list[list[int]], length: int, *, shifted: bool, block: int = 1) -> list[tuple[Group, ...]]:
+    """Each round names its inter-rack group, one representative per rack; the rest of each
+    rack is its intra-rack group."""
+    return [(tuple(rack[(t + (t // block) * r * shifted) % len(rack)] for r, rack in enumerate(racks)),)
+            for t in range(length)]
 
 
 def predict_round_ms(partition: Partition, topology: Topology, message_bytes: int) -> float:
@@ -547,15 +598,16 @@ def check_static(schedule: Schedule, topology: Topology) -> None:
     if len(racks) == 1:
         return
     represented: list[set[int]] = [set() for _ in racks]
-    for t, partition in enumerate(schedule.period):
-        crossing = [g for g in partition if len({topology.rack_of(r) for r in g}) > 1]
+    for t, partition in enumerate(_rounds(schedule, topology)):
+        crossing = [g for g, _, spans in partition if len(spans) > 1]
         if len(crossing) != 1:
             raise ScheduleError(
                 f"round {t} has {len(crossing)} groups that cross racks; the static plan has "
                 "exactly one"
             )
-        per_rack = [sum(topology.rack_of(r) == rack for r in crossing[0]) for rack in range(len(racks))]
-        if any(c != 1 for c in per_rack):
+        counts = Counter(topology.rack_of(r) for r in crossing[0])
+        if len(counts) != len(racks) or any(c != 1 for c in counts.values()):
+            per_rack = [counts.get(rack, 0) for rack in range(len(racks))]
             raise ScheduleError(
                 f"round {t}: the inter-rack group {list(crossing[0])} must hold one "
                 f"representative per rack, holds {per_rack} per rack"

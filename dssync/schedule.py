@@ -1,9 +1,27 @@
 """The ``Schedule``: a period of partitions of the ranks into disjoint groups.
 
-``period[t % len(period)]`` is the partition used at iteration ``t`` (DESIGN section 2).
-A schedule is pure data: it knows nothing about process groups or tensors, so every
-invariant can be checked on a laptop, and a backend can create every group the schedule
-will ever use once, in the same order on every rank (``distinct_groups``).
+``partition_at(t)`` is the partition used at iteration ``t`` (DESIGN section 2). A schedule
+is pure data: it knows nothing about process groups or tensors, so every invariant can be
+checked on a laptop, and a backend can create every group the schedule will ever use once,
+in the same order on every rank (``distinct_groups``).
+
+**Representation.** A schedule holds fixed *blocks* (a partition of the ranks: the racks,
+for a plan) and, per round, only the groups it *names*; the ranks of a block that a round
+does not name form one more group of that round. A plan names its inter-rack groups and its
+pairs, and leaves each rack's large intra-rack group implied, so a period of ``P`` rounds
+over ``n`` ranks in ``R`` racks costs ``n + P x (named ranks)`` integers, not ``P x n``
+(10,000 workers in two racks: a period of 5,000 rounds, 10,000 + 10,000 integers). A
+schedule given as whole partitions (``period=``, the version-1 file) is one block whose every
+group is named.
+
+**rho** comes from the chain of groups, not of ranks (``_transitions``): after a round every
+rank of a group holds the same value, so a period acts on one value per group, and round
+``t+1``'s group ``h`` takes ``sum_g |h & g| / |h|`` of round ``t``'s values. The nonzero
+eigenvalues of the ``n x n`` product are those of this ``G x G`` chain (``G``: groups of a
+round), and the overlaps ``|h & g|`` of two rounds follow from their named ranks and the
+block sizes. Cost: ``O(P x (named ranks + R))`` to build the chain, then ``O(G^3)`` for its
+eigenvalues (ARPACK on the chain when ``G`` is large). The partition property is checked on
+the named ranks alone, and mixing (``connected``) is the connectivity of the same chain.
 """
 
 from __future__ import annotations
@@ -12,22 +30,35 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 import scipy.linalg
+import scipy.sparse
+import scipy.sparse.csgraph
 
 from dssync._jsonfile import read_versioned, write_json
 from dssync.errors import ScheduleError
 
-__all__ = ["SCHEDULE_VERSION", "Group", "Partition", "Schedule", "averaging_matrix", "mixing_rho"]
+__all__ = ["COMPACT_VERSION", "SCHEDULE_VERSION", "Group", "Partition", "Schedule", "averaging_matrix",
+           "connected", "mixing_rho"]
 
+#: The version-1 file lists every group of every round (DESIGN section 2).
 SCHEDULE_VERSION = 1
+#: The version-2 file lists the blocks once and each round's named groups.
+COMPACT_VERSION = 2
+#: Schedules of up to this many rank entries (rounds x ranks) are written as version 1, so
+#: every file a reader of DESIGN's contract could read before stays that form; larger ones
+#: (which could not be written before) as version 2.
+EXPLICIT_MAX = 1 << 20
 # rho is a spectral quantity computed in floating point; "mixes" means clearly below one.
 _RHO_TOLERANCE = 1e-9
+#: Up to this many groups in a round rho comes from the dense chain (exact eigenvalues);
+#: above, from ARPACK on the chain applied round by round.
+DENSE_GROUPS_MAX = 1024
 
 Group = tuple[int, ...]
 Partition = tuple[Group, ...]
@@ -43,7 +74,9 @@ def averaging_matrix(partition: Sequence[Sequence[int]], world_size: int) -> np.
 
 
 def mixing_rho(period: Sequence[Sequence[Sequence[int]]], world_size: int) -> float:
-    """Second-largest eigenvalue modulus of W_{T-1} ... W_1 W_0 over one period.
+    """Second-largest eigenvalue modulus of W_{T-1} ... W_1 W_0 over one period, from the
+    dense ``n x n`` product: the definition, for small worlds and as a reference
+    (``Schedule.rho`` computes the same number in about linear time).
 
     The product is doubly stochastic, so 1 is always an eigenvalue (the consensus
     direction). ``rho < 1`` means repeated periods drive every rank to the global mean,
@@ -51,8 +84,6 @@ def mixing_rho(period: Sequence[Sequence[Sequence[int]]], world_size: int) -> fl
     """
     if world_size == 1:
         return 0.0
-    if world_size > DENSE_RHO_MAX:
-        return _mixing_rho_sparse(period, world_size)
     product = np.eye(world_size)
     for partition in period:
         product = averaging_matrix(partition, world_size) @ product
@@ -60,82 +91,176 @@ def mixing_rho(period: Sequence[Sequence[Sequence[int]]], world_size: int) -> fl
     return float(min(1.0, moduli[1]))
 
 
-#: Up to this many ranks rho comes from the dense product (exact); above, from ARPACK on
-#: the product applied group by group (O(n) per round instead of O(n^3)).
-DENSE_RHO_MAX = 256
+class _Round:
+    """One round's groups, numbered: the named ones first, then each block's rest."""
+
+    def __init__(self, named: Sequence[Group], block_of: np.ndarray, block_sizes: Sequence[int]) -> None:
+        self.where: dict[int, int] = {r: k for k, g in enumerate(named) for r in g}
+        named_in = Counter(int(block_of[r]) for r in self.where)
+        self.sizes = [len(g) for g in named]
+        self.rest: dict[int, int] = {}  # block -> group number of its unnamed ranks
+        for b, size in enumerate(block_sizes):
+            if size > named_in.get(b, 0):
+                self.rest[b] = len(self.sizes)
+                self.sizes.append(size - named_in.get(b, 0))
+
+    def group(self, rank: int, block_of: np.ndarray) -> int:
+        k = self.where.get(rank)
+        return self.rest[int(block_of[rank])] if k is None else k
 
 
-def _mixing_rho_sparse(period: Sequence[Sequence[Sequence[int]]], world_size: int) -> float:
-    """The same rho without forming the product: the largest eigenvalue modulus of the
-    product with the consensus direction removed, ``x -> P x - mean(x)`` (P is doubly
-    stochastic, so it maps the mean-free subspace to itself)."""
+def _transitions(rounds: Sequence[Sequence[Group]], block_of: np.ndarray,
+                 block_sizes: Sequence[int]) -> Iterator[tuple[_Round, _Round, dict[tuple[int, int], int]]]:
+    """For each round ``t`` (the last one wrapping to the first): ``(round t, round t+1,
+    {(h, g): |h & g|})`` over group numbers ``g`` of round ``t`` and ``h`` of round ``t+1``.
+    Ranks that neither round names sit in their block's rest in both; only the named ones
+    are looked at, so a pair of rounds costs their named ranks plus the blocks."""
+    built = [_Round(named, block_of, block_sizes) for named in rounds]
+    for t, now in enumerate(built):
+        nxt = built[(t + 1) % len(built)]
+        overlap: Counter[tuple[int, int]] = Counter()
+        looked = set(now.where) | set(nxt.where)
+        for r in looked:
+            overlap[nxt.group(r, block_of), now.group(r, block_of)] += 1
+        looked_in = Counter(int(block_of[r]) for r in looked)
+        for b, g in now.rest.items():
+            if b in nxt.rest and block_sizes[b] > looked_in.get(b, 0):
+                overlap[nxt.rest[b], g] += block_sizes[b] - looked_in.get(b, 0)
+        yield now, nxt, overlap
+
+
+def _chain(rounds: Sequence[Sequence[Group]], block_of: np.ndarray,
+           block_sizes: Sequence[int]) -> tuple[list[scipy.sparse.csr_matrix], list[int]]:
+    """The period as group-to-group averaging steps ``T_t`` (round t's values to round
+    t+1's, the last step back to round 0), and round 0's group sizes."""
+    steps, sizes0 = [], None
+    for now, nxt, overlap in _transitions(rounds, block_of, block_sizes):
+        sizes0 = sizes0 or now.sizes
+        keys = list(overlap)
+        rows = np.array([h for h, _ in keys], dtype=np.int64)
+        cols = np.array([g for _, g in keys], dtype=np.int64)
+        vals = np.array([overlap[k] for k in keys], dtype=float) / np.asarray(nxt.sizes, dtype=float)[rows]
+        steps.append(scipy.sparse.csr_matrix((vals, (rows, cols)), shape=(len(nxt.sizes), len(now.sizes))))
+    return steps, list(sizes0 or [])
+
+
+def connected(world_size: int, blocks: Sequence[Sequence[int]], rounds: Sequence[Sequence[Group]]) -> bool:
+    """Whether the union of the period's groups connects every rank (exactly when rho < 1:
+    each round is an orthogonal projection, so only a vector constant on every group of
+    every round keeps its norm). Two ranks are linked when they share a group, and each
+    rank links its group of one round to its group of the next, so the ranks are connected
+    exactly when the groups of all rounds are, through the overlaps of consecutive rounds."""
+    block_of = _block_of(world_size, blocks)
+    sizes = [len(b) for b in blocks]
+    offsets, rows, cols, total = [0], [], [], 0
+    built = list(_transitions(rounds, block_of, sizes))
+    for now, _, _ in built:
+        total += len(now.sizes)
+        offsets.append(total)
+    for t, (_, _, overlap) in enumerate(built):
+        nxt = offsets[(t + 1) % len(built)]
+        for h, g in overlap:
+            rows.append(offsets[t] + g)
+            cols.append(nxt + h)
+    graph = scipy.sparse.coo_matrix((np.ones(len(rows)), (rows, cols)), shape=(total, total))
+    return scipy.sparse.csgraph.connected_components(graph, directed=False)[0] == 1
+
+
+def _block_of(world_size: int, blocks: Sequence[Sequence[int]]) -> np.ndarray:
+    block_of = np.empty(world_size, dtype=np.int64)
+    for b, members in enumerate(blocks):
+        block_of[np.asarray(members, dtype=np.int64)] = b
+    return block_of
+
+
+def _chain_rho(steps: list[scipy.sparse.csr_matrix], sizes0: Sequence[int]) -> float:
+    """The second-largest eigenvalue modulus of the chain over one period."""
+    g0 = len(sizes0)
+    if g0 == 1:
+        return 0.0
+    if g0 <= DENSE_GROUPS_MAX:
+        product = np.eye(g0)
+        for step in steps:
+            product = step @ product
+        moduli = np.sort(np.abs(scipy.linalg.eigvals(product)))[::-1]
+        return float(min(1.0, moduli[1]))
     from scipy.sparse.linalg import LinearOperator, eigs
 
-    labels = []
-    for partition in period:
-        label = np.arange(world_size)  # ranks in no group average with themselves only
-        for k, group in enumerate(partition):
-            label[list(group)] = world_size + k
-        _, label = np.unique(label, return_inverse=True)
-        labels.append((label, np.bincount(label).astype(float)))
+    # Round 0's group sizes weight the consensus direction out: the chain keeps the
+    # size-weighted sum of the values (averaging keeps the sum over ranks).
+    weights = np.asarray(sizes0, dtype=float) / float(sum(sizes0))
 
     def apply(x: np.ndarray) -> np.ndarray:
         x = np.asarray(x, dtype=float).reshape(-1)
-        x = x - x.mean()
-        for label, counts in labels:
-            x = (np.bincount(label, weights=x) / counts)[label]
+        x = x - weights @ x
+        for step in steps:
+            x = step @ x
         return x
 
-    op = LinearOperator((world_size, world_size), matvec=apply, dtype=float)
-    values = eigs(op, k=1, which="LM", return_eigenvectors=False, tol=1e-8, maxiter=10 * world_size,
-                  v0=np.random.default_rng(0).standard_normal(world_size))
+    op = LinearOperator((g0, g0), matvec=apply, dtype=float)
+    values = eigs(op, k=1, which="LM", return_eigenvectors=False, tol=1e-8, maxiter=10 * g0,
+                  v0=np.random.default_rng(0).standard_normal(g0))
     return float(min(1.0, np.abs(values).max()))
 
 
-@dataclass(frozen=True, eq=False)
+def _is_rank(r: Any) -> bool:
+    return isinstance(r, int | np.integer) and not isinstance(r, bool)
+
+
 class Schedule:
     """A validated divide-and-shuffle schedule.
 
-    Construction normalises the period (each group sorted, groups ordered by lowest rank)
-    and checks the partition property and that the period mixes (``rho < 1``).
+    Give either ``period`` (whole partitions, one per round) or ``blocks`` and ``rounds``
+    (each round's named groups; every block's unnamed ranks form one more group).
+    Construction normalises (each group sorted, groups ordered by lowest rank) and checks
+    the partition property and that the period mixes (``rho < 1``).
     """
 
-    world_size: int
-    period: tuple[Partition, ...]
-    predicted_comm_ms: float | None = None
-    #: Why the planner departed from the paper's figures, one sentence each (empty: it did not).
-    notes: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        n = self.world_size
+    def __init__(self, world_size: int, period: Sequence[Sequence[Sequence[int]]] | None = None,
+                 predicted_comm_ms: float | None = None, notes: Sequence[str] = (), *,
+                 blocks: Sequence[Sequence[int]] | None = None,
+                 rounds: Sequence[Sequence[Sequence[int]]] | None = None) -> None:
+        n = world_size
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ScheduleError(f"world_size must be a positive integer, got {n!r}")
-        if len(self.period) == 0:
-            raise ScheduleError("the period is empty; it needs at least one partition")
+        if (period is None) == (rounds is None) or (rounds is None) != (blocks is None):
+            raise ScheduleError("give a schedule either its period or its blocks and rounds")
+        if period is not None:
+            if len(period) == 0:
+                raise ScheduleError("the period is empty; it needs at least one partition")
+            for t, partition in enumerate(period):
+                _check_partition(t, partition, n)
+            blocks, rounds = (tuple(range(n)),), period
+        else:
+            if len(rounds) == 0:
+                raise ScheduleError("the period is empty; it needs at least one round")
+            _check_partition(None, blocks, n)
+        self.world_size = n
+        self.blocks: tuple[Group, ...] = tuple(tuple(sorted(int(r) for r in b)) for b in blocks)
+        self._block_of = _block_of(n, self.blocks)
         normalised = []
-        for t, partition in enumerate(self.period):
+        for t, named in enumerate(rounds):
             groups = []
-            for group in partition:
+            seen: set[int] = set()
+            for group in named:
                 if len(group) == 0:
                     raise ScheduleError(f"round {t} has an empty group; drop it")
-                if not all(isinstance(r, int | np.integer) and not isinstance(r, bool) for r in group):
+                if not all(_is_rank(r) for r in group):
                     raise ScheduleError(f"round {t}: group {list(group)} must hold integer ranks")
-                groups.append(tuple(sorted(int(r) for r in group)))
-            flat = sorted(r for g in groups for r in g)
-            if len(flat) != n or flat != list(range(n)):  # the length first: n may be huge
-                seen = set()
-                dup = sorted({r for r in flat if r in seen or seen.add(r)})
-                present = set(flat)
-                missing: Any = sorted(r for r in range(n) if r not in present) if n <= len(flat) + 1000 else \
-                    f"{n - sum(1 for r in present if 0 <= r < n)} of {n}"  # n may be huge: count them
-                out = sorted(r for r in present if not 0 <= r < n)
-                parts = [f"{k} {v}" for k, v in (("missing ranks", missing),
-                         ("ranks in two groups", dup), ("ranks out of range", out)) if v]
-                raise ScheduleError(
-                    f"round {t} is not a partition of ranks 0..{n - 1}: {'; '.join(parts)}"
-                )
+                members = tuple(sorted(int(r) for r in group))
+                out = [r for r in members if not 0 <= r < n]
+                twice = sorted({r for r in members if r in seen} | {a for a, b in zip(members, members[1:], strict=False) if a == b})
+                if out or twice:
+                    parts = [f"{k} {v}" for k, v in (("ranks in two groups", twice), ("ranks out of range", out)) if v]
+                    raise ScheduleError(f"round {t} is not a partition of ranks 0..{n - 1}: {'; '.join(parts)}")
+                seen.update(members)
+                groups.append(members)
             normalised.append(tuple(sorted(groups)))
-        object.__setattr__(self, "period", tuple(normalised))
+        self.rounds: tuple[tuple[Group, ...], ...] = tuple(normalised)
+        self.predicted_comm_ms = predicted_comm_ms
+        self.notes: tuple[str, ...] = tuple(notes)
+        self._where: dict[int, dict[int, Group]] = {}
+        self._rests: dict[tuple[int, int], Group] = {}
         if self.rho >= 1.0 - _RHO_TOLERANCE:
             raise ScheduleError(
                 f"the period does not mix (rho = {self.rho:.6f}, must be < 1): some ranks never "
@@ -144,43 +269,97 @@ class Schedule:
             )
 
     # -- queries -------------------------------------------------------------------------
+    @property
+    def length(self) -> int:
+        """Rounds in the period."""
+        return len(self.rounds)
+
     @cached_property
     def rho(self) -> float:
-        return mixing_rho(self.period, self.world_size)
+        if self.world_size == 1:
+            return 0.0
+        return _chain_rho(*_chain(self.rounds, self._block_of, [len(b) for b in self.blocks]))
+
+    @cached_property
+    def period(self) -> tuple[Partition, ...]:
+        """Every round as a whole partition (``period[t]`` is used at iterations ``t mod
+        length``): ``length x world_size`` integers, for small schedules and display."""
+        return tuple(self.partition_at(t) for t in range(self.length))
+
+    def rest(self, t: int, block: int) -> Group:
+        """The ranks of ``block`` that round ``t`` does not name (a group when not empty)."""
+        key = (t % self.length, block)
+        if key not in self._rests:
+            named = self._named(key[0])
+            self._rests[key] = tuple(r for r in self.blocks[block] if r not in named)
+        return self._rests[key]
+
+    def _named(self, t: int) -> dict[int, Group]:
+        if t not in self._where:
+            self._where[t] = {r: g for g in self.rounds[t] for r in g}
+        return self._where[t]
+
+    def named(self, t: int) -> dict[int, Group]:
+        """``{rank: its group}`` for the ranks round ``t`` names."""
+        return self._named(t % self.length)
+
+    def rest_sizes(self, t: int) -> dict[int, int]:
+        """``{block: size}`` of round ``t``'s non-empty rests, from the named ranks alone."""
+        named_in = Counter(int(self._block_of[r]) for r in self.named(t))
+        return {b: len(block) - named_in.get(b, 0) for b, block in enumerate(self.blocks)
+                if len(block) > named_in.get(b, 0)}
+
+    def block_of(self, rank: int) -> int:
+        return int(self._block_of[rank])
 
     def partition_at(self, step: int) -> Partition:
-        return self.period[step % len(self.period)]
+        t = step % self.length
+        rests = (self.rest(t, b) for b in range(len(self.blocks)))
+        return tuple(sorted([*self.rounds[t], *(g for g in rests if g)]))
 
     def group_of(self, rank: int, step: int) -> Group:
-        for group in self.partition_at(step):
-            if rank in group:
-                return group
-        raise ScheduleError(f"rank {rank} is not in the schedule (world size {self.world_size})")
+        if not 0 <= rank < self.world_size:
+            raise ScheduleError(f"rank {rank} is not in the schedule (world size {self.world_size})")
+        t = step % self.length
+        return self._named(t).get(rank) or self.rest(t, int(self._block_of[rank]))
 
     def distinct_groups(self) -> list[Group]:
         """Every group the schedule uses, in order of first appearance (deterministic)."""
-        return list(dict.fromkeys(g for partition in self.period for g in partition))
+        return list(dict.fromkeys(g for t in range(self.length) for g in self.partition_at(t)))
 
     def digest(self) -> str:
-        """A short hash of the period; ranks compare it to prove they run the same plan."""
-        blob = json.dumps([[list(g) for g in p] for p in self.period]).encode()
+        """A short hash of the period; ranks compare it to prove they run the same plan. The
+        same partitions give the same hash whichever way they were given, up to
+        ``EXPLICIT_MAX`` entries; beyond, the hash is of the blocks and named groups."""
+        if self.length * self.world_size <= EXPLICIT_MAX:
+            blob = json.dumps([[list(g) for g in p] for p in self.period]).encode()
+        else:
+            blob = json.dumps([[list(b) for b in self.blocks], [[list(g) for g in r] for r in self.rounds]]).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
     # -- JSON ----------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "schedule") -> Schedule:
-        if data.get("version") != SCHEDULE_VERSION:
+        version = data.get("version")
+        if isinstance(version, bool) or version not in (SCHEDULE_VERSION, COMPACT_VERSION):
             raise ScheduleError(
-                f'{source}: "version" must be {SCHEDULE_VERSION}, got {data.get("version")!r}'
+                f'{source}: "version" must be {SCHEDULE_VERSION} or {COMPACT_VERSION}, got {version!r}'
             )
-        period = data.get("period")
-        if not isinstance(period, list) or not all(
-            isinstance(p, list) and all(isinstance(g, list) for g in p) for p in period
-        ):
-            raise ScheduleError(
-                f'{source}: "period" must be a list of rounds, each a list of groups of ranks, '
-                'e.g. [[[0, 4], [1, 2, 3], [5, 6, 7]], ...]'
-            )
+        nested = ("period",) if version == SCHEDULE_VERSION else ("rounds",)
+        for key in nested:
+            value = data.get(key)
+            if not isinstance(value, list) or not all(
+                isinstance(p, list) and all(isinstance(g, list) for g in p) for p in value
+            ):
+                raise ScheduleError(
+                    f'{source}: "{key}" must be a list of rounds, each a list of groups of ranks, '
+                    'e.g. [[[0, 4], [1, 2, 3], [5, 6, 7]], ...]'
+                )
+        if version == COMPACT_VERSION:
+            blocks = data.get("blocks")
+            if not isinstance(blocks, list) or not all(isinstance(b, list) for b in blocks):
+                raise ScheduleError(f'{source}: "blocks" must be a list of lists of ranks (the racks), '
+                                    'e.g. [[0, 1, 2, 3], [4, 5, 6, 7]]')
         world_size = data.get("world_size")
         predicted = data.get("predicted_comm_ms")
         for key, value in (("predicted_comm_ms", predicted), ("rho", data.get("rho"))):
@@ -190,13 +369,13 @@ class Schedule:
         notes = data.get("notes", [])
         if not isinstance(notes, list) or not all(isinstance(x, str) for x in notes):
             raise ScheduleError(f'{source}: "notes" must be a list of sentences, got {notes!r}')
+        shape: dict[str, Any] = (
+            {"period": tuple(tuple(tuple(g) for g in p) for p in data["period"])} if version == SCHEDULE_VERSION
+            else {"blocks": tuple(tuple(b) for b in data["blocks"]),
+                  "rounds": tuple(tuple(tuple(g) for g in r) for r in data["rounds"])})
         try:
-            schedule = cls(
-                world_size=world_size,
-                period=tuple(tuple(tuple(g) for g in p) for p in period),
-                predicted_comm_ms=None if predicted is None else float(predicted),
-                notes=tuple(notes),
-            )
+            schedule = cls(world_size=world_size, predicted_comm_ms=None if predicted is None else float(predicted),
+                           notes=tuple(notes), **shape)
         except ScheduleError as exc:
             raise ScheduleError(f"{source}: {exc}") from None
         stated = data.get("rho")
@@ -208,12 +387,15 @@ class Schedule:
         return schedule
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "version": SCHEDULE_VERSION,
-            "world_size": self.world_size,
-            "period": [[list(g) for g in p] for p in self.period],
-            "rho": round(self.rho, 9),
-        }
+        """Version 1 (every group of every round) up to ``EXPLICIT_MAX`` entries, else
+        version 2 (the blocks once, then each round's named groups)."""
+        out: dict[str, Any] = {"world_size": self.world_size}
+        if self.length * self.world_size <= EXPLICIT_MAX:
+            out = {"version": SCHEDULE_VERSION, **out, "period": [[list(g) for g in p] for p in self.period]}
+        else:
+            out = {"version": COMPACT_VERSION, **out, "blocks": [list(b) for b in self.blocks],
+                   "rounds": [[list(g) for g in r] for r in self.rounds]}
+        out["rho"] = round(self.rho, 9)
         if self.predicted_comm_ms is not None and math.isfinite(self.predicted_comm_ms):
             out["predicted_comm_ms"] = round(self.predicted_comm_ms, 3)  # (a link of rate 0 predicts none)
         if self.notes:
@@ -222,8 +404,32 @@ class Schedule:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Schedule:
-        data = read_versioned(path, kind="schedule", version=SCHEDULE_VERSION, error=ScheduleError)
+        data = read_versioned(path, kind="schedule", version=(SCHEDULE_VERSION, COMPACT_VERSION), error=ScheduleError)
         return cls.from_dict(data, source=f"schedule file {path}")
 
     def save(self, path: str | os.PathLike[str]) -> None:
         write_json(path, self.to_dict())
+
+
+def _check_partition(t: int | None, partition: Sequence[Sequence[int]], n: int) -> None:
+    """Raise ``ScheduleError`` unless ``partition`` holds every rank of ``0..n-1`` once
+    (``t``: the round, ``None`` for the blocks)."""
+    where = "the blocks" if t is None else f"round {t}"
+    for group in partition:
+        if len(group) == 0:
+            raise ScheduleError(f"{where} hold an empty block; drop it" if t is None
+                                else f"round {t} has an empty group; drop it")
+        if not all(_is_rank(r) for r in group):
+            raise ScheduleError(f"{where}: group {list(group)} must hold integer ranks")
+    flat = sorted(int(r) for g in partition for r in g)
+    if len(flat) != n or flat != list(range(n)):  # the length first: n may be huge
+        seen: set[int] = set()
+        dup = sorted({r for r in flat if r in seen or seen.add(r)})
+        present = set(flat)
+        missing: Any = sorted(r for r in range(n) if r not in present) if n <= len(flat) + 1000 else \
+            f"{n - sum(1 for r in present if 0 <= r < n)} of {n}"  # n may be huge: count them
+        out = sorted(r for r in present if not 0 <= r < n)
+        parts = [f"{k} {v}" for k, v in (("missing ranks", missing),
+                 ("ranks in two groups", dup), ("ranks out of range", out)) if v]
+        verb = "are" if t is None else "is"
+        raise ScheduleError(f"{where} {verb} not a partition of ranks 0..{n - 1}: {'; '.join(parts)}")

@@ -8,6 +8,7 @@ latency and bandwidth matrices, the contention record and the probe record are o
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,30 +53,35 @@ class Topology:
             raise TopologyError("topology has no workers; list at least one in \"workers\"")
         ranks = sorted(w.rank for w in self.workers)
         if ranks != list(range(n)):
-            missing = sorted(set(range(n)) - set(ranks))
-            dup = sorted({r for r in ranks if ranks.count(r) > 1})
-            out = sorted(r for r in set(ranks) if not 0 <= r < n)
-            parts = []
-            if missing:
-                parts.append(f"missing ranks {missing}")
-            if dup:
-                parts.append(f"duplicated ranks {dup}")
-            if out:
-                parts.append(f"ranks out of range {out}")
+            counts = Counter(ranks)
+            missing = [r for r in range(n) if r not in counts]
+            dup = sorted(r for r, k in counts.items() if k > 1)
+            out = sorted(r for r in counts if not 0 <= r < n)
+            parts = [f"{what} {_few(v)}" for what, v in
+                     (("missing ranks", missing), ("duplicated ranks", dup), ("ranks out of range", out)) if v]
             raise TopologyError(
                 f"topology workers must hold ranks 0..{n - 1} exactly once: {', '.join(parts)}"
             )
         object.__setattr__(self, "workers", tuple(sorted(self.workers, key=lambda w: w.rank)))
-        # Racks must be 0..R-1, numbered in order of their lowest rank.
+        # Racks must be 0..R-1, numbered in order of their lowest rank: each new rack met in
+        # rank order is the next number (one pass, a set of the racks seen).
+        seen: set[int] = set()
         order: list[int] = []
         for w in self.workers:
-            if w.rack not in order:
+            if w.rack not in seen:
+                seen.add(w.rack)
                 order.append(w.rack)
         if order != list(range(len(order))):
+            wrong = next(k for k, rack in enumerate(order) if rack != k)
             raise TopologyError(
                 f"racks must be numbered 0..R-1 in order of their lowest rank; found racks in "
-                f"rank order {order} (renumber them {list(range(len(order)))})"
+                f"rank order {_few(order, start=wrong)} (the {_ordinal(wrong + 1)} rack met should be "
+                f"{wrong}, it is {order[wrong]}; renumber them)"
             )
+        members: list[list[int]] = [[] for _ in order]
+        for w in self.workers:
+            members[w.rack].append(w.rank)
+        object.__setattr__(self, "_members", tuple(tuple(m) for m in members))
         for name in ("latency_us", "bandwidth_gbps"):
             value = getattr(self, name)
             if value is None:
@@ -95,14 +101,11 @@ class Topology:
 
     @property
     def num_racks(self) -> int:
-        return 1 + max(w.rack for w in self.workers)
+        return len(self._members)
 
     def racks(self) -> list[list[int]]:
         """Ranks of each rack, rack by rack, each list sorted."""
-        out: list[list[int]] = [[] for _ in range(self.num_racks)]
-        for w in self.workers:
-            out[w.rack].append(w.rank)
-        return out
+        return [list(m) for m in self._members]
 
     def rack_of(self, rank: int) -> int:
         return self.workers[rank].rack
@@ -207,6 +210,18 @@ class Topology:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         write_json(path, self.to_dict())
+
+
+def _few(values: Sequence[int], start: int = 0, shown: int = 10) -> str:
+    """``values`` for a one-line message: ``shown`` of them from ``start``, and how many more."""
+    part = list(values[start:start + shown])
+    more = len(values) - start - len(part)
+    head = "[... " if start else "["
+    return head + ", ".join(map(str, part)) + (f", ... {more} more]" if more > 0 else "]")
+
+
+def _ordinal(k: int) -> str:
+    return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
 
 
 def _matrix(value: Any, name: str, source: str) -> np.ndarray | None:

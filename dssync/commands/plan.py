@@ -14,7 +14,7 @@ from dssync.planner import (
     contended,
     plan,
 )
-from dssync.schedule import Schedule
+from dssync.schedule import EXPLICIT_MAX, Schedule
 from dssync.topology import Topology
 
 __all__ = ["add_parser", "print_schedule", "run"]
@@ -29,6 +29,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("topology", metavar="TOPOLOGY", nargs="?", help="topology.json (or --rack-sizes)")
     p.add_argument("--rack-sizes", type=parse_rack_sizes, metavar="A,B,...",
                    help="plan for consecutive ranks in racks of these sizes instead of a topology file")
+    p.add_argument("--racks", type=positive_int, metavar="R",
+                   help="with --workers-per-rack: R racks of W consecutive ranks each (for large layouts)")
+    p.add_argument("--workers-per-rack", type=positive_int, metavar="W")
     p.add_argument("--slow-uplinks", type=_ints, default=[], metavar="R,...",
                    help="also treat these racks' uplinks as slow (added to the topology's contention)")
     p.add_argument("--slow-nics", type=_ints, default=[], metavar="I,...",
@@ -53,8 +56,14 @@ def _ints(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if (args.racks is None) != (args.workers_per_rack is None):
+        raise ValueError("--racks and --workers-per-rack go together")
+    if args.racks is not None:
+        if args.rack_sizes is not None:
+            raise ValueError("give --rack-sizes or --racks with --workers-per-rack, not both")
+        args.rack_sizes = [args.workers_per_rack] * args.racks
     if (args.topology is None) == (args.rack_sizes is None):
-        raise ValueError("give a topology file or --rack-sizes, one of them")
+        raise ValueError("give a topology file or --rack-sizes (or --racks with --workers-per-rack), one of them")
     topology = Topology.load(args.topology) if args.topology else Topology.from_rack_sizes(args.rack_sizes)
     if args.slow_uplinks or args.slow_nics:
         uplinks, nics = contended(topology)
@@ -75,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
     kind = f"adjusted for slow uplinks {uplinks} and NICs {nics}" if uplinks or nics else "static"
     kind += f", paced by {args.pace}" if args.pace > 1 else ""
     print(f"wrote {args.out}: {topology.world_size} ranks, {topology.num_racks} racks, {kind}, "
-          f"period {len(schedule.period)}, rho {schedule.rho:.4f} "
-          f"({schedule.rho ** (1 / len(schedule.period)):.4f} a round)")
+          f"period {schedule.length}, rho {schedule.rho:.4f} "
+          f"({schedule.rho ** (1 / schedule.length):.4f} a round)")
     for note in schedule.notes:
         print(f"note: {note}")
     return 0
@@ -86,6 +95,10 @@ def print_schedule(schedule: Schedule, topology: Topology) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    if schedule.length * schedule.world_size > EXPLICIT_MAX:
+        print(f"(--print: a period of {schedule.length} rounds over {schedule.world_size} ranks is too large for "
+              "a table; the schedule file lists it)")
+        return
     table = Table(title=f"divide-and-shuffle period (rho = {schedule.rho:.4f})")
     table.add_column("round", justify="right")
     table.add_column("inter-rack groups")

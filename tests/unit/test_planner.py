@@ -102,3 +102,58 @@ def test_predicted_round_time_is_the_slowest_groups_lower_bound():
     partition = ((0, 2), (1,), (3,))
     # 2(n-1)/n * S / B with n=2, S=1e6 B, B=0.25 Gbit/s -> 32 ms
     assert predict_round_ms(partition, topo, 1_000_000) == pytest.approx(32.0)
+
+
+contended_layouts = st.tuples(
+    st.lists(st.integers(min_value=1, max_value=7), min_size=1, max_size=6),
+    st.data(),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(contended_layouts)
+def test_the_checks_read_a_compact_plan_as_its_whole_partitions(layout):
+    """A plan (racks as blocks, only the cross-rack groups and pairs named) and the same
+    partitions given whole pass the same checks: the checks of the compact form, which look
+    at a rack's rest only through its slow NICs, miss nothing the whole partitions show."""
+    from dssync.planner import adjusted_plan, check_adjusted
+
+    sizes, data = layout
+    topo = Topology.from_rack_sizes(sizes)
+    n = topo.world_size
+    uplinks = data.draw(st.lists(st.integers(0, len(sizes) - 1), unique=True, max_size=len(sizes)))
+    nics = data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=max(1, n // 3)))
+    try:
+        schedule = adjusted_plan(topo, slow_uplinks=uplinks, slow_nics=nics)
+    except ScheduleError:
+        return  # no mixing plan for this contention: said so, nothing to check
+    assert schedule.blocks == tuple(tuple(r) for r in topo.racks())
+    whole = Schedule(world_size=n, period=schedule.period)
+    assert whole.rho == pytest.approx(schedule.rho, abs=1e-7)
+    check_adjusted(schedule, topo, slow_uplinks=uplinks, slow_nics=nics)
+    check_adjusted(whole, topo, slow_uplinks=uplinks, slow_nics=nics)
+    named = sum(len(g) for r in schedule.rounds for g in r)
+    assert named <= schedule.length * (len(sizes) + 2 * len(nics) + 2 * len(uplinks) + 2)
+
+
+def test_check_adjusted_finds_a_slow_nic_left_in_a_racks_rest():
+    from dssync.planner import check_adjusted
+
+    topo = Topology.from_rack_sizes([4, 4])
+    # Rank 1 (slow NIC) is named nowhere: it sits in rack 0's rest {1, 2, 3}, a group of three.
+    schedule = Schedule(world_size=8, blocks=topo.racks(), rounds=[[(0, 4)], [(1, 5)], [(2, 6)], [(3, 7)]])
+    with pytest.raises(ScheduleError, match=r"round 0: rank 1 has a slow NIC but is in"):
+        check_adjusted(schedule, topo, slow_nics=[1])
+    check_static(schedule, topo)
+
+
+@pytest.mark.parametrize(("racks", "per_rack"), [(2, 5000), (1000, 100), (100000, 1)])
+def test_a_large_plan_names_about_one_rank_per_rack_a_round(racks, per_rack):
+    """Planning holds the racks once and, per round, the inter-rack group: never period x n
+    (10,000 in two racks: 5,000 rounds; 100,000 single-worker racks: one group)."""
+    topo = Topology.from_rack_sizes([per_rack] * racks)
+    schedule = static_plan(topo)
+    assert schedule.length == max(1, per_rack if racks > 1 else 1)
+    assert sum(len(g) for r in schedule.rounds for g in r) <= schedule.length * racks
+    assert 0 <= schedule.rho < 1
+    assert schedule.to_dict()["version"] == (2 if schedule.length * topo.world_size > 2**20 else 1)
