@@ -71,7 +71,7 @@ def static_plan(
         sizes = [len(r) for r in racks]
         length, bounded = _period_length(sizes, max_period)
         if bounded:
-            notes.append(f"racks of {sizes} workers: a bounded period of {length} rounds (exact rotation "
+            notes.append(f"{_sizes(sizes)}: a bounded period of {length} rounds (exact rotation "
                          f"needs {math.lcm(*sizes)}); representation counts within a rack differ by at most one")
         period = _rotation(racks, length, shifted=False)
         if not connected(topology.world_size, racks, period):
@@ -304,7 +304,7 @@ def adjusted_plan(
         cycles.append(max(len(slow_racks), regular_racks))
     length, bounded = _period_length(cycles, max_period)
     if bounded:
-        notes.append(f"racks of {[len(r) for r in racks]} workers: a bounded period of {length} rounds "
+        notes.append(f"{_sizes([len(r) for r in racks])}: a bounded period of {length} rounds "
                      f"(exact rotation needs {math.lcm(*cycles)}); crossing counts within a rack differ by at "
                      "most one")
     shape = (len(racks), slow_racks, multi)
@@ -338,7 +338,7 @@ def adjusted_plan(
     if not connected(n, racks, period):
         raise ScheduleError(
             f"no mixing plan keeps slow uplinks {sorted(set(slow_uplinks))} and slow NICs {sorted(slow_set)} "
-            f"in groups of two for racks {[len(r) for r in racks]}; drop a contention entry"
+            f"in groups of two for {_sizes([len(r) for r in racks])}; drop a contention entry"
         )
     return _schedule(period, topology, message_bytes, notes=notes)
 
@@ -377,6 +377,15 @@ def _adjusted_notes(members: list[_RackMembers], paired: list[int], multi: bool)
         notes.append(f"every uplink is slow or belongs to a rack with no clear NIC (racks {paired}): racks "
                      "meet only in pairs, one left over sits the round out")
     return notes
+
+
+def _sizes(sizes: Sequence[int]) -> str:
+    """Rack sizes for a note: ``racks of [7, 8, 9, 11] workers``, or for many racks how many
+    and the range (``1000 racks of 50 to 150 workers``)."""
+    if len(sizes) <= 12:
+        return f"racks of {list(sizes)} workers"
+    low, high = min(sizes), max(sizes)
+    return f"{len(sizes)} racks of {low}" + (f" to {high}" if high > low else "") + " workers"
 
 
 def _period_length(cycles: Sequence[int], max_period: int) -> tuple[int, bool]:

@@ -94,54 +94,58 @@ def mixing_rho(period: Sequence[Sequence[Sequence[int]]], world_size: int) -> fl
 class _Round:
     """One round's groups, numbered: the named ones first, then each block's rest."""
 
-    def __init__(self, named: Sequence[Group], block_of: np.ndarray, block_sizes: Sequence[int]) -> None:
-        self.where: dict[int, int] = {r: k for k, g in enumerate(named) for r in g}
-        named_in = Counter(int(block_of[r]) for r in self.where)
-        self.sizes = [len(g) for g in named]
-        self.rest: dict[int, int] = {}  # block -> group number of its unnamed ranks
-        for b, size in enumerate(block_sizes):
-            if size > named_in.get(b, 0):
-                self.rest[b] = len(self.sizes)
-                self.sizes.append(size - named_in.get(b, 0))
+    def __init__(self, named: Sequence[Group], block_of: np.ndarray, block_sizes: np.ndarray) -> None:
+        lengths = [len(g) for g in named]
+        ranks = np.fromiter((r for g in named for r in g), dtype=np.int64, count=sum(lengths))
+        gid = np.repeat(np.arange(len(named), dtype=np.int64), lengths)
+        order = np.argsort(ranks)
+        self.ranks, self.gid = ranks[order], gid[order]
+        left = block_sizes - np.bincount(block_of[self.ranks], minlength=len(block_sizes))
+        has_rest = left > 0
+        self.rest_gid = np.full(len(block_sizes), -1, dtype=np.int64)
+        self.rest_gid[has_rest] = len(named) + np.arange(int(has_rest.sum()))
+        self.sizes = np.concatenate([np.asarray(lengths, dtype=float), left[has_rest].astype(float)])
 
-    def group(self, rank: int, block_of: np.ndarray) -> int:
-        k = self.where.get(rank)
-        return self.rest[int(block_of[rank])] if k is None else k
+    def group(self, ranks: np.ndarray, block_of: np.ndarray) -> np.ndarray:
+        """The group number of each of ``ranks``."""
+        out = self.rest_gid[block_of[ranks]]
+        if len(self.ranks):
+            at = np.minimum(np.searchsorted(self.ranks, ranks), len(self.ranks) - 1)
+            hit = self.ranks[at] == ranks
+            out[hit] = self.gid[at[hit]]
+        return out
 
 
 def _transitions(rounds: Sequence[Sequence[Group]], block_of: np.ndarray,
-                 block_sizes: Sequence[int]) -> Iterator[tuple[_Round, _Round, dict[tuple[int, int], int]]]:
-    """For each round ``t`` (the last one wrapping to the first): ``(round t, round t+1,
-    {(h, g): |h & g|})`` over group numbers ``g`` of round ``t`` and ``h`` of round ``t+1``.
-    Ranks that neither round names sit in their block's rest in both; only the named ones
-    are looked at, so a pair of rounds costs their named ranks plus the blocks."""
+                 block_sizes: np.ndarray) -> Iterator[tuple[_Round, _Round, np.ndarray, np.ndarray, np.ndarray]]:
+    """For each round ``t`` (the last one wrapping to the first): ``(round t, round t+1, h,
+    g, |h & g|)``, arrays over the pairs of group numbers ``g`` of round ``t`` and ``h`` of
+    round ``t+1`` that share ranks. Ranks that neither round names sit in their block's
+    rest in both; only the named ones are looked at, so a pair of rounds costs their named
+    ranks plus the blocks."""
     built = [_Round(named, block_of, block_sizes) for named in rounds]
     for t, now in enumerate(built):
         nxt = built[(t + 1) % len(built)]
-        overlap: Counter[tuple[int, int]] = Counter()
-        looked = set(now.where) | set(nxt.where)
-        for r in looked:
-            overlap[nxt.group(r, block_of), now.group(r, block_of)] += 1
-        looked_in = Counter(int(block_of[r]) for r in looked)
-        for b, g in now.rest.items():
-            if b in nxt.rest and block_sizes[b] > looked_in.get(b, 0):
-                overlap[nxt.rest[b], g] += block_sizes[b] - looked_in.get(b, 0)
-        yield now, nxt, overlap
+        looked = np.union1d(now.ranks, nxt.ranks)
+        rest = block_sizes - np.bincount(block_of[looked], minlength=len(block_sizes))
+        both = (now.rest_gid >= 0) & (nxt.rest_gid >= 0) & (rest > 0)
+        keys = np.concatenate([nxt.group(looked, block_of) * len(now.sizes) + now.group(looked, block_of),
+                               nxt.rest_gid[both] * len(now.sizes) + now.rest_gid[both]])
+        weights = np.concatenate([np.ones(len(looked)), rest[both].astype(float)])
+        unique, inverse = np.unique(keys, return_inverse=True)
+        counts = np.bincount(inverse, weights=weights)
+        yield now, nxt, unique // len(now.sizes), unique % len(now.sizes), counts
 
 
 def _chain(rounds: Sequence[Sequence[Group]], block_of: np.ndarray,
-           block_sizes: Sequence[int]) -> tuple[list[scipy.sparse.csr_matrix], list[int]]:
+           block_sizes: np.ndarray) -> tuple[list[scipy.sparse.csr_matrix], np.ndarray]:
     """The period as group-to-group averaging steps ``T_t`` (round t's values to round
     t+1's, the last step back to round 0), and round 0's group sizes."""
     steps, sizes0 = [], None
-    for now, nxt, overlap in _transitions(rounds, block_of, block_sizes):
-        sizes0 = sizes0 or now.sizes
-        keys = list(overlap)
-        rows = np.array([h for h, _ in keys], dtype=np.int64)
-        cols = np.array([g for _, g in keys], dtype=np.int64)
-        vals = np.array([overlap[k] for k in keys], dtype=float) / np.asarray(nxt.sizes, dtype=float)[rows]
-        steps.append(scipy.sparse.csr_matrix((vals, (rows, cols)), shape=(len(nxt.sizes), len(now.sizes))))
-    return steps, list(sizes0 or [])
+    for now, nxt, h, g, overlap in _transitions(rounds, block_of, block_sizes):
+        sizes0 = now.sizes if sizes0 is None else sizes0
+        steps.append(scipy.sparse.csr_matrix((overlap / nxt.sizes[h], (h, g)), shape=(len(nxt.sizes), len(now.sizes))))
+    return steps, sizes0
 
 
 def connected(world_size: int, blocks: Sequence[Sequence[int]], rounds: Sequence[Sequence[Group]]) -> bool:
@@ -151,17 +155,11 @@ def connected(world_size: int, blocks: Sequence[Sequence[int]], rounds: Sequence
     rank links its group of one round to its group of the next, so the ranks are connected
     exactly when the groups of all rounds are, through the overlaps of consecutive rounds."""
     block_of = _block_of(world_size, blocks)
-    sizes = [len(b) for b in blocks]
-    offsets, rows, cols, total = [0], [], [], 0
-    built = list(_transitions(rounds, block_of, sizes))
-    for now, _, _ in built:
-        total += len(now.sizes)
-        offsets.append(total)
-    for t, (_, _, overlap) in enumerate(built):
-        nxt = offsets[(t + 1) % len(built)]
-        for h, g in overlap:
-            rows.append(offsets[t] + g)
-            cols.append(nxt + h)
+    built = list(_transitions(rounds, block_of, np.asarray([len(b) for b in blocks], dtype=np.int64)))
+    offsets = np.cumsum([0] + [len(now.sizes) for now, *_ in built])
+    rows = np.concatenate([offsets[t] + g for t, (_, _, _, g, _) in enumerate(built)])
+    cols = np.concatenate([offsets[(t + 1) % len(built)] + h for t, (_, _, h, _, _) in enumerate(built)])
+    total = int(offsets[-1])
     graph = scipy.sparse.coo_matrix((np.ones(len(rows)), (rows, cols)), shape=(total, total))
     return scipy.sparse.csgraph.connected_components(graph, directed=False)[0] == 1
 
@@ -278,7 +276,7 @@ class Schedule:
     def rho(self) -> float:
         if self.world_size == 1:
             return 0.0
-        return _chain_rho(*_chain(self.rounds, self._block_of, [len(b) for b in self.blocks]))
+        return _chain_rho(*_chain(self.rounds, self._block_of, np.asarray([len(b) for b in self.blocks], dtype=np.int64)))
 
     @cached_property
     def period(self) -> tuple[Partition, ...]:
