@@ -398,6 +398,8 @@ def train(cfg: TrainConfig, *, nproc: int | None) -> dict[str, Any] | None:
             f"the topology has {cfg.topology.world_size} workers but the job has {world_size} "
             f"ranks; use --nproc {cfg.topology.world_size} or a topology for {world_size} ranks"
         )
+    if cfg.topology is None and world_size is not None and world_size > 1 and cfg.num_racks > world_size:
+        raise TopologyError(f"{cfg.num_racks} racks need at least {cfg.num_racks} ranks; the job has {world_size}")
     if cfg.schedule is not None and world_size is not None and cfg.schedule.world_size != world_size:
         raise ScheduleError(
             f"the schedule is for {cfg.schedule.world_size} ranks but the job has {world_size}; "

@@ -157,7 +157,8 @@ class Topology:
             raise TopologyError(
                 f'{source}: "world_size" is {declared!r} but {len(workers)} workers are listed'
             )
-        contention = data.get("contention") or {}
+        contention = data.get("contention")
+        contention = {} if contention is None else contention
         if not isinstance(contention, dict):
             raise TopologyError(f'{source}: "contention" must be an object')
         racks = {w.rack for w in workers}

@@ -8,7 +8,8 @@ import math
 from dssync.schedule import Schedule
 from dssync.topology import Topology
 
-__all__ = ["add_topology_options", "finite_float", "positive_float", "positive_int", "topology_from_args"]
+__all__ = ["add_topology_options", "finite_float", "fraction", "non_negative_float", "non_negative_int", "positive_float",
+           "positive_int", "topology_from_args"]
 
 
 def finite_float(text: str) -> float:
@@ -27,6 +28,33 @@ def positive_float(text: str) -> float:
     value = finite_float(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be above zero")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a finite number, zero or more."""
+    value = finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return value
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a finite number strictly between 0 and 1."""
+    value = finite_float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must lie between 0 and 1")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer, zero or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
     return value
 
 

@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
-from dssync._jsonfile import write_json
-from dssync.commands._common import add_topology_options, parse_rack_sizes, topology_from_args
+from dssync._jsonfile import check_writable, write_json
+from dssync.commands._common import (
+    add_topology_options,
+    fraction,
+    non_negative_float,
+    non_negative_int,
+    parse_rack_sizes,
+    positive_float,
+    positive_int,
+    topology_from_args,
+)
 from dssync.launch import from_environ, run_ranks
 from dssync.train import LR_SCHEDULES
 
@@ -25,16 +35,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--sizes", default="1K:64M", metavar="LO[:HI]", help="size sweep, e.g. 1K:256M (default 1K:64M)")
     r.add_argument("--factor", type=int, default=4, help="multiply the size by this much each row (default 4)")
     r.add_argument("--groups", default="world", metavar="world|racks|SCHEDULE.json")
-    r.add_argument("--warmup", type=int, default=5, help="untimed ops per size")
-    r.add_argument("--iters", type=int, default=20, help="timed ops per size")
-    r.add_argument("--nproc", type=int, default=None, help="local ranks (default 8 without a launcher)")
+    r.add_argument("--warmup", type=non_negative_int, default=5, help="untimed ops per size")
+    r.add_argument("--iters", type=positive_int, default=20, help="timed ops per size")
+    r.add_argument("--nproc", type=positive_int, default=None, help="local ranks (default 8 without a launcher)")
     r.add_argument("--backend", default="torch", metavar="torch|mpi|horovod[,...]",
                    help="collective library, or several comma-separated: without a launcher, dssync starts "
                    "each one's job itself (local spawn, mpirun, horovodrun --gloo) and prints every table")
-    r.add_argument("--timeout", type=float, default=300.0)
+    r.add_argument("--timeout", type=positive_float, default=300.0)
     r.add_argument("--json", metavar="OUT")
     add_topology_options(r)
-    r.set_defaults(run=run_allreduce)
+    r.set_defaults(run=_outputs_checked(run_allreduce))
 
     c = bsub.add_parser("compare", help="time to accuracy of every strategy on one emulated network (needs root)",
                         description="For each scenario, build the emulated cluster and train every strategy on "
@@ -49,34 +59,34 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    f"(e.g. psp:push_quorum=6:pull_fraction=0.75; default {COMPARE_STRATEGIES})")
     c.add_argument("--reference", default="ddp", metavar="NAME",
                    help="the strategy whose lowest best accuracy over the seeds is the target (default ddp)")
-    c.add_argument("--target-accuracy", type=float, default=None, metavar="ACC",
+    c.add_argument("--target-accuracy", type=fraction, default=None, metavar="ACC",
                    help="the target, instead of the reference's lowest best (every strategy then interleaved)")
     c.add_argument("--no-stop", action="store_true",
                    help="run every strategy to --steps instead of stopping at the target")
     c.add_argument("--task", default="mnist-wide")
-    c.add_argument("--steps", type=int, default=600, help="iterations, the cap of runs that stop at the target")
-    c.add_argument("--repeats", type=int, default=1)
-    c.add_argument("--eval-every", type=int, default=None,
+    c.add_argument("--steps", type=positive_int, default=600, help="iterations, the cap of runs that stop at the target")
+    c.add_argument("--repeats", type=positive_int, default=1)
+    c.add_argument("--eval-every", type=positive_int, default=None,
                    help="evaluate every this many iterations (default: every 2%% of --steps)")
-    c.add_argument("--batch-size", type=int, default=32, help="per-worker minibatch")
-    c.add_argument("--adjust-every", type=int, default=25, help="ds-sync's regrouping interval (0: off)")
-    c.add_argument("--model-mb", type=float, default=1.0, help="model size of the synthetic task")
-    c.add_argument("--lr", type=float, default=0.15, help="peak learning rate of the loop's SGD (default 0.15)")
+    c.add_argument("--batch-size", type=positive_int, default=32, help="per-worker minibatch")
+    c.add_argument("--adjust-every", type=non_negative_int, default=25, help="ds-sync's regrouping interval (0: off)")
+    c.add_argument("--model-mb", type=positive_float, default=1.0, help="model size of the synthetic task")
+    c.add_argument("--lr", type=positive_float, default=0.15, help="peak learning rate of the loop's SGD (default 0.15)")
     c.add_argument("--lr-schedule", default="cosine", choices=LR_SCHEDULES,
                    help="after the warm-up (default cosine, to zero at --steps)")
-    c.add_argument("--warmup-steps", type=int, default=None, metavar="N",
+    c.add_argument("--warmup-steps", type=non_negative_int, default=None, metavar="N",
                    help="linear learning-rate warm-up (default: 5%% of --steps)")
     c.add_argument("--cpu", nargs="+", default=[], metavar="RANK:CORES",
                    help="stragglers: cap these workers' CPU on every scenario (emulate contend --cpu)")
     c.add_argument("--episode", action="append", default=[], metavar="SPEC",
                    help="a transient straggler in every run, RANK:KIND=VALUE@START+DURATION, e.g. "
                    "1:cpu=0.1@5+20 or 3:nic=100mbit@0+30 (emulate run --episode); repeatable")
-    c.add_argument("--target-loss", type=float, metavar="LOSS",
+    c.add_argument("--target-loss", type=positive_float, metavar="LOSS",
                    help="also report iterations, updates and time to this test loss (SpecSync's criterion)")
     c.add_argument("--json", metavar="OUT", help="one record per run (train --json keys plus scenario)")
     c.add_argument("--markdown", metavar="OUT", help="the summary table as markdown")
     c.add_argument("--plot", metavar="OUT.png")
-    c.set_defaults(run=run_compare)
+    c.set_defaults(run=_outputs_checked(run_compare))
 
     k = bsub.add_parser("simcheck", help="the simulator's prediction against the emulated cluster (needs root)",
                         description="For each scenario, build the emulated cluster and run every strategy "
@@ -85,19 +95,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "racks, rates, background streams and bytes.")
     k.add_argument("--scenario", default="static,inter-rack,inter-rack+nic", metavar="S[,S...]")
     k.add_argument("--strategies", default="allreduce,hierarchical,gossip,asp,ds-sync", metavar="A,B,...")
-    k.add_argument("--model-mb", type=float, default=4.0)
-    k.add_argument("--steps", type=int, default=40)
-    k.add_argument("--warmup", type=int, default=5, help="iterations left out of both medians")
-    k.add_argument("--alpha-us", type=float, default=50.0, help="the simulator's seconds per hop, in microseconds")
-    k.add_argument("--host-gbytes", type=float, default=None, metavar="GB/S",
+    k.add_argument("--model-mb", type=positive_float, default=4.0)
+    k.add_argument("--steps", type=positive_int, default=40)
+    k.add_argument("--warmup", type=non_negative_int, default=5, help="iterations left out of both medians")
+    k.add_argument("--alpha-us", type=non_negative_float, default=50.0, help="the simulator's seconds per hop, in microseconds")
+    k.add_argument("--host-gbytes", type=positive_float, default=None, metavar="GB/S",
                    help="the machine's veth-bytes per second for the simulator (default: measure it with "
                    "iperf3, one flow out of every worker at once; 0: no cap)")
-    k.add_argument("--rate-scale", type=float, default=1.0, metavar="F",
+    k.add_argument("--rate-scale", type=positive_float, default=1.0, metavar="F",
                    help="multiply every NIC and uplink rate of the scenarios by F, on the emulated cluster "
                    "and in the model (below 1: the links rather than the machine's cores bound a step)")
     k.add_argument("--json", metavar="OUT")
     k.add_argument("--markdown", metavar="OUT")
-    k.set_defaults(run=run_simcheck)
+    k.set_defaults(run=_outputs_checked(run_simcheck))
 
     e = bsub.add_parser("ensemble", help="ds-sync's local ensemble against the plain world average, per evaluation",
                         description="Train ds-sync on local ranks once per ensemble rule, same seed (the "
@@ -106,31 +116,31 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--rules", default="swa:0.75,ema:0.98", metavar="R,R,...",
                    help="rules beside none: swa[:START] (fraction of the run), ema[:DECAY] (default swa:0.75,ema:0.98)")
     e.add_argument("--task", default="mnist-wide")
-    e.add_argument("--steps", type=int, default=600)
-    e.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1")
-    e.add_argument("--nproc", type=int, default=8)
-    e.add_argument("--batch-size", type=int, default=32)
-    e.add_argument("--lr", type=float, default=0.15)
+    e.add_argument("--steps", type=positive_int, default=600)
+    e.add_argument("--seeds", type=positive_int, default=3, help="seeds 0..N-1")
+    e.add_argument("--nproc", type=positive_int, default=8)
+    e.add_argument("--batch-size", type=positive_int, default=32)
+    e.add_argument("--lr", type=positive_float, default=0.15)
     e.add_argument("--lr-schedule", default="cosine", choices=LR_SCHEDULES)
-    e.add_argument("--warmup-steps", type=int, default=None, metavar="N", help="default: 5%% of --steps")
-    e.add_argument("--eval-every", type=int, default=None, help="default: every 2%% of --steps")
-    e.add_argument("--timeout", type=float, default=300.0)
+    e.add_argument("--warmup-steps", type=non_negative_int, default=None, metavar="N", help="default: 5%% of --steps")
+    e.add_argument("--eval-every", type=positive_int, default=None, help="default: every 2%% of --steps")
+    e.add_argument("--timeout", type=positive_float, default=300.0)
     e.add_argument("--json", metavar="OUT")
     e.add_argument("--markdown", metavar="OUT")
     add_topology_options(e)
-    e.set_defaults(run=run_ensemble)
+    e.set_defaults(run=_outputs_checked(run_ensemble))
 
     a = bsub.add_parser("averaging", help="ds-sync group averaging vs a bare allreduce, same groups",
                         description="DS-Sync's parameter averaging of a model of --size-mb vs a bare "
                         "dist.all_reduce of one pre-flattened buffer on the same groups, interleaved "
                         "in one run.")
-    a.add_argument("--size-mb", type=float, default=25.0)
+    a.add_argument("--size-mb", type=positive_float, default=25.0)
     a.add_argument("--rack-sizes", type=parse_rack_sizes, default=[4, 4], metavar="A,B,...")
-    a.add_argument("--trials", type=int, default=10, help="timed passes over the period")
-    a.add_argument("--warmup", type=int, default=2, help="untimed passes first")
-    a.add_argument("--timeout", type=float, default=300.0)
+    a.add_argument("--trials", type=positive_int, default=10, help="timed passes over the period")
+    a.add_argument("--warmup", type=non_negative_int, default=2, help="untimed passes first")
+    a.add_argument("--timeout", type=positive_float, default=300.0)
     a.add_argument("--json", metavar="OUT")
-    a.set_defaults(run=run_averaging)
+    a.set_defaults(run=_outputs_checked(run_averaging))
 
     b = bsub.add_parser("probe-backends", help="built-in prober vs iperf3, path by path (needs root)",
                         description="Build an emulated network with unequal paths, probe it one pair "
@@ -141,23 +151,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--uplink", default="400mbit")
     b.add_argument("--slow-nic", action="append", default=None, metavar="RANK:RATE",
                    help="give a worker a slower NIC (repeatable; default 1:600mbit)")
-    b.add_argument("--seconds", type=int, default=1, help="stream length per direction, both backends")
+    b.add_argument("--seconds", type=positive_int, default=1, help="stream length per direction, both backends")
     b.add_argument("--concurrent", action="store_true",
                    help="measure in the normal concurrent rounds instead of one pair at a time")
     b.add_argument("--json", metavar="OUT")
-    b.set_defaults(run=run_probe_backends)
+    b.set_defaults(run=_outputs_checked(run_probe_backends))
 
     g = bsub.add_parser("probe-layouts", help="the prober on seeded random emulated networks (needs root)",
                         description="Draw COUNT random layouts (2-4 racks of 1-5 workers, slower uplinks and "
                         "NICs, background flows across uplinks and through NICs) from SEED, build each one, "
                         "run `dssync probe` on it and score the racks and the flags against what was built.")
-    g.add_argument("--count", type=int, default=20, help="layouts to probe (default %(default)s)")
+    g.add_argument("--count", type=positive_int, default=20, help="layouts to probe (default %(default)s)")
     g.add_argument("--seed", type=int, default=0, help="seed of the layout generator (default %(default)s)")
-    g.add_argument("--max-workers", type=int, default=9, help="largest world drawn (default %(default)s)")
+    g.add_argument("--max-workers", type=positive_int, default=9, help="largest world drawn (default %(default)s)")
     g.add_argument("--probe-args", default="", metavar="ARGS",
                    help="extra `dssync probe` options, one string (e.g. '--bandwidth-seconds 0.5')")
     g.add_argument("--json", metavar="OUT", help="write every row, the summary and the raw topologies")
-    g.set_defaults(run=run_probe_layouts)
+    g.set_defaults(run=_outputs_checked(run_probe_layouts))
 
     o = bsub.add_parser("overlap", help="ds-sync overlapped vs after-step, side by side (needs root)",
                         description="Build an emulated network and train the same task with ds-sync "
@@ -168,12 +178,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--uplink", default="1gbit")
     o.add_argument("--flows", nargs="*", default=[], metavar="FLOW", help="background flows, as in emulate contend")
     o.add_argument("--task", default="mnist-cnn")
-    o.add_argument("--steps", type=int, default=40)
-    o.add_argument("--batch-size", type=int, default=128)
-    o.add_argument("--bucket-mb", type=float, default=1.0)
-    o.add_argument("--reps", type=int, default=3)
+    o.add_argument("--steps", type=positive_int, default=40)
+    o.add_argument("--batch-size", type=positive_int, default=128)
+    o.add_argument("--bucket-mb", type=non_negative_float, default=1.0)
+    o.add_argument("--reps", type=positive_int, default=3)
     o.add_argument("--json", metavar="OUT")
-    o.set_defaults(run=run_overlap)
+    o.set_defaults(run=_outputs_checked(run_overlap))
+
+
+def _outputs_checked(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``run`` after its output files (``--json``, ``--markdown``, ``--plot``) are checked
+    writable: a bench runs for minutes and must not lose its record at the end."""
+    def checked(args: argparse.Namespace) -> int:
+        for key in ("json", "markdown", "plot"):
+            if getattr(args, key, None):
+                check_writable(getattr(args, key))
+        return run(args)
+    return checked
 
 
 def run_allreduce(args: argparse.Namespace) -> int:

@@ -6,7 +6,13 @@ import argparse
 import time
 
 from dssync._jsonfile import write_json
-from dssync.commands._common import parse_rack_sizes, rack_sizes_from_args
+from dssync.commands._common import (
+    non_negative_float,
+    parse_rack_sizes,
+    positive_float,
+    positive_int,
+    rack_sizes_from_args,
+)
 
 __all__ = ["add_parser", "run"]
 
@@ -20,18 +26,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "of each strategy's communication on racks with contention, and the paper's "
                        "Table II closed forms.")
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--racks", type=int, help="with --workers-per-rack")
+    g.add_argument("--racks", type=positive_int, help="with --workers-per-rack")
     g.add_argument("--rack-sizes", type=parse_rack_sizes, metavar="A,B,...")
-    p.add_argument("--workers-per-rack", type=int, default=None)
+    p.add_argument("--workers-per-rack", type=positive_int, default=None)
     p.add_argument("--scenario", default="static", choices=("static", "inter-rack", "inter-rack+nic"),
                    help="as on the emulated cluster: inter-rack puts 8 background TCP streams out of rack "
                    "0's uplink; inter-rack+nic out of worker 4's NIC and through its rack's uplink")
     p.add_argument("--strategies", default="allreduce,hierarchical,gossip,asp,ds-sync")
     p.add_argument("--nic", default="1gbit")
     p.add_argument("--uplink", default="1gbit")
-    p.add_argument("--alpha-us", type=float, default=50.0, help="seconds per hop, in microseconds")
-    p.add_argument("--size-mb", type=float, default=1.0, help="model size exchanged per iteration")
-    p.add_argument("--iterations", type=int, default=1000)
+    p.add_argument("--alpha-us", type=non_negative_float, default=50.0, help="seconds per hop, in microseconds")
+    p.add_argument("--size-mb", type=positive_float, default=1.0, help="model size exchanged per iteration")
+    p.add_argument("--iterations", type=positive_int, default=1000)
     p.add_argument("--json", metavar="OUT")
     p.set_defaults(run=run)
 

@@ -12,6 +12,8 @@ from dssync._jsonfile import check_writable, write_json
 from dssync.commands._common import (
     add_topology_options,
     finite_float,
+    non_negative_float,
+    non_negative_int,
     positive_float,
     positive_int,
     schedule_from_args,
@@ -85,13 +87,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "model (default 0.98)")
     p.add_argument("--overlap", action="store_true",
                    help="ds-sync: average layer by layer as backward produces gradients (paper V-A.1)")
-    p.add_argument("--bucket-mb", type=finite_float, default=None, metavar="MB",
+    p.add_argument("--bucket-mb", type=non_negative_float, default=None, metavar="MB",
                    help="ds-sync --overlap: layers share one allreduce until it holds MB (default 1; "
                    "0: one per layer)")
-    p.add_argument("--adjust-every", type=int, default=None, metavar="N",
+    p.add_argument("--adjust-every", type=positive_int, default=None, metavar="N",
                    help="ds-sync: sense contention from group timings every N iterations and regroup "
                    "(paper: 100; default off)")
-    p.add_argument("--max-pace", type=int, default=None, metavar="K",
+    p.add_argument("--max-pace", type=positive_int, default=None, metavar="K",
                    help="ds-sync --adjust-every: let racks exchange as rarely as every K-th round when "
                    "the cross-rack group is the job's bottleneck (default 4; 1: every round, as in the paper)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
@@ -103,7 +105,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", metavar="DIR",
                    help="checkpoint folder: resume from its latest checkpoint if it has one (also after "
                    "torchrun restarts a job), write one every --checkpoint-every iterations and at the end")
-    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="with --checkpoint (default: at the end only)")
+    p.add_argument("--checkpoint-every", type=non_negative_int, default=0, metavar="N", help="with --checkpoint (default: at the end only)")
     p.add_argument("--stop-after", type=int, default=None, metavar="K",
                    help="with --checkpoint: stop after iteration K as a preemption would; a later run "
                    "with the same settings resumes there")

@@ -6,7 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from dssync._jsonfile import write_json
+from dssync._jsonfile import check_writable, write_json
+from dssync.commands._common import fraction, positive_float, positive_int
 
 __all__ = ["add_parser", "run"]
 
@@ -20,17 +21,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "the switch point for --settings steps, --repeats runs each. Writes the policy as JSON; "
                         "train with it through `dssync train --strategy sync-switch --set switch_at=S`.")
     s.add_argument("--task", default="digits")
-    s.add_argument("--steps", type=int, default=200)
+    s.add_argument("--steps", type=positive_int, default=200)
     s.add_argument("--nproc", type=int, default=4, help="local ranks per trial")
-    s.add_argument("--batch-size", type=int, default=32)
-    s.add_argument("--lr", type=float, default=0.05, help="the BSP phase's rate (ASP runs it / nproc)")
-    s.add_argument("--beta", type=float, default=0.01, help="accuracy margin around pure BSP's")
-    s.add_argument("--settings", type=int, default=4, help="switch points to try (the paper's M)")
-    s.add_argument("--repeats", type=int, default=1, help="runs per switch point, seeds 0.. (the paper's R)")
+    s.add_argument("--batch-size", type=positive_int, default=32)
+    s.add_argument("--lr", type=positive_float, default=0.05, help="the BSP phase's rate (ASP runs it / nproc)")
+    s.add_argument("--beta", type=fraction, default=0.01, help="accuracy margin around pure BSP's")
+    s.add_argument("--settings", type=positive_int, default=4, help="switch points to try (the paper's M)")
+    s.add_argument("--repeats", type=positive_int, default=1, help="runs per switch point, seeds 0.. (the paper's R)")
     s.add_argument("--reuse", metavar="POLICY.json",
                    help="a policy this command wrote for the same job: take its target accuracy, run no BSP trials")
     s.add_argument("--out", metavar="POLICY.json", help="write the policy and every trial here")
-    s.add_argument("--timeout", type=float, default=300.0)
+    s.add_argument("--timeout", type=positive_float, default=300.0)
     s.set_defaults(run=run)
 
 
@@ -42,8 +43,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.steps < 1 or args.nproc < 2:
         raise ValueError("--steps must be positive and --nproc at least 2")
+    if args.out:
+        check_writable(args.out)
     target = None
     if args.reuse:
+        if not Path(args.reuse).is_file():
+            raise ValueError(f"--reuse {args.reuse}: no such policy file (write one with --out)")
         try:
             known = json.loads(Path(args.reuse).read_text())
             job = known["job"]
