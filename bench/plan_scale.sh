@@ -36,6 +36,7 @@ PY
 done <<'LAYOUTS'
 10k-2-racks            2     5000 5000 5000
 10k-2-racks-contended  2     5000 5000 5000 --slow-uplinks 0 --slow-nics 1,2,5001
+100k-2-racks           2     50000 50000 50000
 100k-1000-racks        1000  100  100  100
 100k-1000-racks-uneven 1000  100  50   150
 100k-1000-contended    1000  100  100  100  --slow-uplinks 0,7,500 --slow-nics 1,2,3,250,99999

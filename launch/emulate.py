@@ -572,6 +572,9 @@ def _kill_flow(flow: dict) -> None:
 # -- straggler episodes ----------------------------------------------------------------------
 _DELAY = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)$")
 _DELAY_SCALE = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+#: An episode starts and lasts less than this many seconds (a year): a timer past the float
+#: range, or past what a thread's wait takes, would end the thread that runs the episodes.
+MAX_EPISODE_S = 365 * 86400.0
 _EPISODE = re.compile(r"(\d+):(cpu|nic|delay)=([^@\s]+)@(\d*\.?\d+)s?\+(\d*\.?\d+)s?")
 _EPISODE_EXAMPLE = "e.g. 1:cpu=0.1@5+20, 3:nic=100mbit@0+30 or 2:delay=30ms@10+60"
 
@@ -604,7 +607,7 @@ class Episode:
                              f"{_EPISODE_EXAMPLE}")
         if self.rank < 0:
             raise ValueError(f"an episode's rank is 0 or more, got {self.rank}")
-        if not (self.start_s >= 0 and self.duration_s > 0):
+        if not (0 <= self.start_s < MAX_EPISODE_S and 0 < self.duration_s < MAX_EPISODE_S):
             raise ValueError(f"an episode starts at 0 s or later and lasts more than 0 s, got start "
                              f"{self.start_s} s, duration {self.duration_s} s")
         if self.cpu is not None and not 0 < self.cpu < float("inf"):

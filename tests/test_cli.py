@@ -138,7 +138,7 @@ def test_train_writes_the_json_contract(tmp_path):
 
 @pytest.mark.parametrize(("args", "needle"), [
     (["--slow-nic", "fast"], "--slow-nic wants RANK:RATE"),
-    (["--seconds", "0"], "--seconds must be at least 1"),
+    (["--seconds", "0"], "--seconds: '0' must be 1 or more"),
 ])
 def test_probe_backends_rejects_bad_input_before_building_anything(args, needle):
     proc = dssync("bench", "probe-backends", *args)
@@ -149,12 +149,12 @@ def test_probe_backends_rejects_bad_input_before_building_anything(args, needle)
 @pytest.mark.parametrize(("args", "needle"), [
     (["--strategy", "allreduce", "--overlap"], "--overlap applies to --strategy ds-sync only"),
     (["--strategy", "allreduce", "--adjust-every", "20"], "--adjust-every applies to --strategy ds-sync only"),
-    (["--strategy", "ds-sync", "--adjust-every", "-1"], "adjust_every must be 0 (off) or positive"),
-    (["--strategy", "ds-sync", "--max-pace", "0"], "max_pace must be 1"),
+    (["--strategy", "ds-sync", "--adjust-every", "-1"], "--adjust-every: '-1' must be 1 or more"),
+    (["--strategy", "ds-sync", "--max-pace", "0"], "--max-pace: '0' must be 1 or more"),
     (["--strategy", "allreduce", "--max-pace", "2"], "--max-pace applies to --strategy ds-sync only"),
     (["--strategy", "ds-sync", "--overlap", "--adjust-every", "20"], "overlap and adjust_every do not combine"),
     (["--strategy", "ds-sync", "--bucket-mb", "1"], "--bucket-mb applies to --overlap only"),
-    (["--strategy", "ds-sync", "--overlap", "--bucket-mb", "-1"], "bucket_mb must be 0 (one allreduce per layer)"),
+    (["--strategy", "ds-sync", "--overlap", "--bucket-mb", "-1"], "--bucket-mb: '-1' must be 0 or more"),
     (["--strategy", "psp", "--set", "quorum=3"], "psp has the settings delay_prob, delay_s, pull_fraction"),
     (["--strategy", "psp", "--set", "push_quorum=three"], "push_quorum must be of type int"),
     (["--strategy", "psp", "--set", "pull_fraction=1.5"], "pull_fraction must be in (0, 1]"),
@@ -169,8 +169,8 @@ def test_train_rejects_bad_strategy_settings(args, needle):
 
 
 @pytest.mark.parametrize(("args", "needle"), [
-    (["--reps", "0"], "reps, steps and batch size must be positive"),
-    (["--bucket-mb", "-2"], "bucket_mb must be 0"),
+    (["--reps", "0"], "--reps: '0' must be 1 or more"),
+    (["--bucket-mb", "-2"], "--bucket-mb: '-2' must be 0 or more"),
     (["--flows", "uplink:0"], "flow"),
 ])
 def test_bench_overlap_rejects_bad_input_before_building_anything(args, needle):
@@ -212,7 +212,7 @@ def test_bench_allreduce_rejects_bad_input_before_starting_ranks(args, needle):
     (["--strategies", "psp:pull_fraction=0"], "pull_fraction must be in (0, 1]"),
     (["--strategies", "psp:c=3"], "psp has the settings"),
     (["--cpu", "4"], "write RANK:CORES"),
-    (["--repeats", "0"], "repeats, steps and eval_every must be positive"),
+    (["--repeats", "0"], "--repeats: '0' must be 1 or more"),
 ])
 def test_bench_compare_rejects_bad_input_before_building_anything(args, needle):
     proc = dssync("bench", "compare", *args)
@@ -235,7 +235,7 @@ def test_simulate_writes_every_strategy_and_ds_sync_beats_allreduce_under_conten
     (["--racks", "4"], "--racks needs a positive --workers-per-rack"),
     (["--rack-sizes", "2,2", "--scenario", "inter-rack+nic"], "needs a worker 4"),
     (["--rack-sizes", "2,2", "--strategies", "allreduce,nope"], "unknown strategy 'nope'"),
-    (["--rack-sizes", "2,2", "--iterations", "0"], "--iterations and --size-mb must be positive"),
+    (["--rack-sizes", "2,2", "--iterations", "0"], "--iterations: '0' must be 1 or more"),
 ])
 def test_simulate_rejects_bad_input(args, needle):
     proc = dssync("simulate", *args)

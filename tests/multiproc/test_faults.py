@@ -8,6 +8,7 @@ in order of creation (rank order). How long the job took to notice is printed, n
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,6 +39,38 @@ def _alive(pids: list[int]) -> list[int]:
     return alive
 
 
+def _listening(pids: list[int] | None = None) -> set[int]:
+    """TCP ports listening now (``ss -ltnp``), those of ``pids`` only when given."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    ports = set()
+    for line in out.splitlines():
+        fields = line.split()
+        owners = {int(x) for x in re.findall(r"pid=(\d+)", line)}
+        if pids is None or owners & set(pids):
+            ports.add(int(fields[3].rsplit(":", 1)[1]))
+    return ports
+
+
+def _host_state() -> tuple[list[str], list[str]]:
+    """Network namespaces and the cgroup tree (two levels): what an emulated job would leave."""
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split("\n")
+    groups = sorted(str(p) for p in Path("/sys/fs/cgroup").glob("*/*") if p.is_dir())
+    return sorted(x.split()[0] for x in netns if x.strip()), groups
+
+
+@pytest.fixture
+def nothing_left():
+    """After the test: no port the job listened on is open, no namespace or cgroup was added.
+    The test registers the job's processes and ports in the dict it gets."""
+    before = _host_state()
+    job: dict[str, object] = {"pids": [], "ports": set()}
+    yield job
+    pids = list(job["pids"])
+    assert _wait_gone(pids) == [], f"processes {pids} of the job are still running"
+    assert not (set(job["ports"]) & _listening()), f"ports {sorted(job['ports'])} of the job still listen"
+    assert _host_state() == before
+
+
 def _start(*args: str, nproc: int = 4) -> tuple[subprocess.Popen, list[int]]:
     proc = subprocess.Popen([DSSYNC, "train", "--nproc", str(nproc), "--task", "digits", "--steps", "1000000",
                              "--eval-every", "1000000", "--timeout", "60", "--no-progress", *args],
@@ -66,8 +99,10 @@ def _wait_gone(pids: list[int], seconds: float = 15) -> list[int]:
 
 
 @pytest.mark.parametrize("strategy", ["ds-sync", "ddp", "allreduce", "asp", "psp", "sync-switch"])
-def test_a_killed_rank_is_named_and_the_job_ends(strategy):
+def test_a_killed_rank_is_named_and_the_job_ends(strategy, nothing_left):
     proc, ranks = _start("--strategy", strategy)
+    nothing_left.update(pids=[proc.pid, *ranks], ports=_listening([proc.pid, *ranks]))
+    assert nothing_left["ports"], "the job listens on its rendezvous and process-group ports"
     killed_at = time.monotonic()
     os.kill(ranks[2], signal.SIGKILL)
     try:
@@ -82,13 +117,15 @@ def test_a_killed_rank_is_named_and_the_job_ends(strategy):
     assert _wait_gone(ranks) == []
 
 
-@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM", "SIGINT twice"])
-def test_the_ranks_end_with_their_parent(how):
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM", "SIGINT twice", "SIGTERM twice"])
+def test_the_ranks_end_with_their_parent(how, nothing_left):
     proc, ranks = _start("--strategy", "ds-sync")
-    if how == "SIGINT twice":
-        proc.send_signal(signal.SIGINT)
+    nothing_left.update(pids=[proc.pid, *ranks], ports=_listening([proc.pid, *ranks]))
+    if how.endswith("twice"):
+        sig = getattr(signal, how.split()[0])
+        proc.send_signal(sig)
         time.sleep(0.2)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
     else:
         proc.send_signal(getattr(signal, how))
     stopped_at = time.monotonic()

@@ -68,3 +68,15 @@ def test_not_json(tmp_path):
         Topology.load(path)
     with pytest.raises(TopologyError, match="does not exist"):
         Topology.load(tmp_path / "absent.json")
+
+
+def test_a_duplicate_rank_among_100000_is_named_with_the_first_few_of_each_kind():
+    workers = [{"rank": i, "rack": i // 100} for i in range(100_000)]
+    workers[5]["rank"] = 6
+    with pytest.raises(TopologyError, match=r"missing ranks \[5\], duplicated ranks \[6\]$"):
+        Topology.from_dict({"version": 1, "workers": workers})
+    workers = [{"rank": i, "rack": 0} for i in range(100_000)]
+    workers.pop(0)
+    workers.append({"rank": 100_000, "rack": 0})
+    with pytest.raises(TopologyError, match=r"ranks out of range \[100000\]"):
+        Topology.from_dict({"version": 1, "workers": workers})
