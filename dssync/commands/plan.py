@@ -71,14 +71,19 @@ def run(args: argparse.Namespace) -> int:
             "uplinks": [{"rack": r} for r in sorted(set(uplinks) | set(args.slow_uplinks))],
             "nics": [{"rank": i} for i in sorted(set(nics) | set(args.slow_nics))]})
     message_bytes = None if args.message_mb is None else int(args.message_mb * 1e6)
-    schedule = plan(topology, max_period=args.max_period, message_bytes=message_bytes, pace=args.pace)
-    base = check_paced(schedule, topology, args.pace)
-    uplinks, nics = contended(topology)
-    if uplinks or nics:
-        check_adjusted(base, topology, slow_uplinks=uplinks, slow_nics=nics)
-    else:
-        check_static(base, topology)
-    schedule.save(args.out)
+    from rich.console import Console
+
+    # Large layouts take seconds (100,000 ranks in two racks: a period of 50,000 rounds):
+    # a spinner on stderr says what runs, on a terminal only.
+    with Console(stderr=True).status(f"planning {topology.world_size} ranks in {topology.num_racks} racks"):
+        schedule = plan(topology, max_period=args.max_period, message_bytes=message_bytes, pace=args.pace)
+        base = check_paced(schedule, topology, args.pace)
+        uplinks, nics = contended(topology)
+        if uplinks or nics:
+            check_adjusted(base, topology, slow_uplinks=uplinks, slow_nics=nics)
+        else:
+            check_static(base, topology)
+        schedule.save(args.out)
     if args.show:
         print_schedule(schedule, topology)
     kind = f"adjusted for slow uplinks {uplinks} and NICs {nics}" if uplinks or nics else "static"
