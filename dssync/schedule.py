@@ -258,7 +258,6 @@ class Schedule:
         self.predicted_comm_ms = predicted_comm_ms
         self.notes: tuple[str, ...] = tuple(notes)
         self._where: dict[int, dict[int, Group]] = {}
-        self._rests: dict[tuple[int, int], Group] = {}
         if self.rho >= 1.0 - _RHO_TOLERANCE:
             raise ScheduleError(
                 f"the period does not mix (rho = {self.rho:.6f}, must be < 1): some ranks never "
@@ -285,12 +284,10 @@ class Schedule:
         return tuple(self.partition_at(t) for t in range(self.length))
 
     def rest(self, t: int, block: int) -> Group:
-        """The ranks of ``block`` that round ``t`` does not name (a group when not empty)."""
-        key = (t % self.length, block)
-        if key not in self._rests:
-            named = self._named(key[0])
-            self._rests[key] = tuple(r for r in self.blocks[block] if r not in named)
-        return self._rests[key]
+        """The ranks of ``block`` that round ``t`` does not name (a group when not empty).
+        Built on each call, not kept: kept for every round, rests would be period x ranks."""
+        named = self._named(t % self.length)
+        return tuple(r for r in self.blocks[block] if r not in named)
 
     def _named(self, t: int) -> dict[int, Group]:
         if t not in self._where:

@@ -47,26 +47,24 @@ def fraction(text: str) -> float:
     return value
 
 
-def non_negative_int(text: str) -> int:
-    """An argparse type: an integer, zero or more."""
+def _integer(text: str, low: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    if value < low:
+        raise argparse.ArgumentTypeError(f"{text!r} must be {low} or more")
     return value
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer, zero or more."""
+    return _integer(text, 0)
 
 
 def positive_int(text: str) -> int:
     """An argparse type: an integer of 1 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
-    return value
+    return _integer(text, 1)
 
 
 def parse_rack_sizes(text: str) -> list[int]:
