@@ -286,17 +286,15 @@ class Schedule:
     def rest(self, t: int, block: int) -> Group:
         """The ranks of ``block`` that round ``t`` does not name (a group when not empty).
         Built on each call, not kept: kept for every round, rests would be period x ranks."""
-        named = self._named(t % self.length)
+        named = self.named(t % self.length)
         return tuple(r for r in self.blocks[block] if r not in named)
 
-    def _named(self, t: int) -> dict[int, Group]:
+    def named(self, t: int) -> dict[int, Group]:
+        """``{rank: its group}`` for the ranks round ``t`` names (kept: named ranks are few)."""
+        t %= self.length
         if t not in self._where:
             self._where[t] = {r: g for g in self.rounds[t] for r in g}
         return self._where[t]
-
-    def named(self, t: int) -> dict[int, Group]:
-        """``{rank: its group}`` for the ranks round ``t`` names."""
-        return self._named(t % self.length)
 
     def rest_sizes(self, t: int) -> dict[int, int]:
         """``{block: size}`` of round ``t``'s non-empty rests, from the named ranks alone."""
@@ -316,7 +314,7 @@ class Schedule:
         if not 0 <= rank < self.world_size:
             raise ScheduleError(f"rank {rank} is not in the schedule (world size {self.world_size})")
         t = step % self.length
-        return self._named(t).get(rank) or self.rest(t, int(self._block_of[rank]))
+        return self.named(t).get(rank) or self.rest(t, int(self._block_of[rank]))
 
     def distinct_groups(self) -> list[Group]:
         """Every group the schedule uses, in order of first appearance (deterministic)."""
