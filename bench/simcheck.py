@@ -1,81 +1,57 @@
 """``dssync bench simcheck``: the simulator's prediction against the emulated cluster.
 
-For each scenario (DESIGN section 6) one cluster is built and its background flows started,
-and every strategy runs a real ``dssync train`` job whose time goes to communication: the
-``synthetic`` task at ``model_mb`` megabytes with one sample per rank per iteration, so a
-step computes for about a millisecond and moves megabytes. The measured figure is the
-DESIGN section 7 metric (per iteration the maximum over ranks, median over iterations).
+Three stages, each on real ``dssync emulate`` clusters with every rate times ``rate_scale``
+(below 1, the links rather than the machine's two cores bound a step):
 
-The prediction is ``dssync simulate`` on the same racks, link rates and background streams
-(``bench.simulate.Network``), for the same model bytes and iterations. ds-sync runs with
-the topology the simulator assumes it has probed (racks plus the contended links), so both
-follow the same schedule.
+1. **Calibration** (``calibrate``): ``dssync bench allreduce`` on the ``static`` cluster,
+   a size sweep over the world's ring, the two racks' rings at once and four cross-rack
+   pairs at once. The simulator's per-message cost ``alpha_s`` and per-flow efficiency
+   (the fraction of a link's rate one of the job's TCP flows moves) are fitted to those
+   times by non-negative least squares on the simulator's own step model; nothing is set by
+   hand.
+2. **CPU share** (``cpu_times``): every strategy's job on the ``static`` cluster with its
+   links unshaped (100 Gbit/s), where what is left of an iteration is the machine's work:
+   forward, backward, the optimizer, copies, Python. Its wall time per iteration less its
+   communication is the strategy's compute time in the model; its wall time over the
+   shaped job's is the CPU share of the job (DESIGN section 7 asks communication benchmarks
+   to run where the network, not the cores, bounds a step).
+3. **Jobs** (``measure``): every strategy on every scenario, its background flows on, for
+   each seed: a real ``dssync train`` of the ``synthetic`` task (``model_mb`` megabytes, one
+   sample per rank). Measured: wall ms/iteration (rank 0's iterations after ``warmup``,
+   mean) and per-rank comm ms/iteration (each rank's mean after ``warmup``, averaged).
 
-``ratio`` is prediction ÷ measurement: 1.0 is a perfect prediction, below 1 the simulator
-is optimistic. The machine is in the model only as ``host_throughput()`` measures it with
-iperf3 (veth-bytes per second); the simulator knows nothing of TCP's ramp-up, gloo's
-per-step overhead or the CPU the ranks' own work takes from the two cores, which is what
-the comparison is for.
+``predict`` then runs ``dssync simulate``'s model (``bench.simulate``) for the same racks,
+rates, background streams, bytes and iterations, with the calibration and compute times,
+and ``ratio`` is simulated ÷ measured (1.0 is a perfect prediction; below 1 the simulator is
+optimistic). The model can be re-run on a record (``predict`` on its stored measurements).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
 import statistics
-import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import scipy.optimize
+
 from dssync.bench.overlap import train_on_cluster
-from dssync.bench.simulate import Network, iteration_times, with_contention
+from dssync.bench.simulate import STRATEGIES, Network, rank_times, ring_round, with_contention
 from dssync.launch import emulate
 
-__all__ = ["network_of", "simcheck", "markdown_table"]
+__all__ = ["STRATEGIES", "calibrate", "cpu_times", "fit", "markdown_table", "measure", "network_of", "predict",
+           "simcheck"]
+
+#: The links of the CPU-share runs: fast enough that no step waits on them.
+UNSHAPED_SCALE = 100.0
 
 
-def host_throughput(*, name: str = "simhost", seconds: int = 3) -> dict[str, Any]:
-    """Veth-bytes per second this machine moves when every worker of the ``static`` cluster
-    sends at once (``Network.host_bps``): one iperf3 flow out of every worker to the next
-    (``i -> i+1``, two of them between racks), their received rates weighted by the veths
-    each crosses (two inside a rack, four between racks). If every flow still reached its
-    NIC's rate, the machine was not the limit and the cap is ``inf``."""
-    spec = emulate.SCENARIOS["static"]
-    port = 5301
-    with emulate.cluster(spec["rack_sizes"], nic=spec["nic"], uplink=spec["uplink"], name=name) as c:
-        n = c.world_size
-        servers = [subprocess.Popen(["ip", "netns", "exec", c.worker_ns(i), "iperf3", "-s", "-1", "-p", str(port)],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(n)]
-        clients: list[subprocess.Popen] = []
-        try:
-            time.sleep(0.5)
-            clients = [subprocess.Popen(["ip", "netns", "exec", c.worker_ns(i), "iperf3", "-c",
-                                         c.worker_addr((i + 1) % n), "-p", str(port), "-t", str(seconds),
-                                         "-O", "1", "-J"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                       for i in range(n)]
-            outputs = [p.communicate(timeout=seconds + 30)[0] for p in clients]
-        finally:  # a client past its timeout is stopped too, not left sending
-            for p in [*clients, *servers]:
-                p.kill()
-                p.wait()
-        rates = []
-        for i, out in enumerate(outputs):
-            try:
-                rates.append(json.loads(out)["end"]["sum_received"]["bits_per_second"] / 8)
-            except (ValueError, KeyError) as exc:
-                raise emulate.EmulationError(f"iperf3 w{i} -> w{(i + 1) % n} gave no result: {out[-300:]}") from exc
-        racks = [c.rack_of(i) for i in range(n)]
-    crossings = [4 if racks[i] != racks[(i + 1) % n] else 2 for i in range(n)]
-    nic_bps = emulate.parse_rate(spec["nic"]) / 8
-    limited = min(rates) < 0.95 * nic_bps
-    return {"flow_bps": rates, "host_bps": sum(r * k for r, k in zip(rates, crossings, strict=True))
-            if limited else float("inf"), "nic_bps": nic_bps}
-
-
-def network_of(scenario: str, *, alpha_s: float, host_bps: float = float("inf"), rate_scale: float = 1.0) -> Network:
+def network_of(scenario: str, *, alpha_s: float = 0.0, efficiency: float = 1.0, background_weight: float = 1.0,
+               head_bytes: float = 0.0, host_bps: float = float("inf"), rate_scale: float = 1.0) -> Network:
     """The simulator's model of an emulated scenario: rates (times ``rate_scale``), racks,
     background streams."""
     if not rate_scale > 0:
@@ -90,7 +66,13 @@ def network_of(scenario: str, *, alpha_s: float, host_bps: float = float("inf"),
             nic_bg[index] = nic_bg.get(index, 0) + emulate.FLOW_STREAMS
     return Network(tuple(spec["rack_sizes"]), nic_bps=emulate.parse_rate(spec["nic"]) * rate_scale / 8,
                    uplink_bps=emulate.parse_rate(spec["uplink"]) * rate_scale / 8, alpha_s=alpha_s,
+                   efficiency=efficiency, background_weight=background_weight, head_bytes=head_bytes,
                    uplink_out_streams=uplink_bg, nic_out_streams=nic_bg, host_bps=host_bps)
+
+
+def _rates(scenario: str, rate_scale: float) -> tuple[str, str]:
+    net = network_of(scenario, rate_scale=rate_scale)
+    return emulate.format_rate(round(8 * net.nic_bps)), emulate.format_rate(round(8 * net.uplink_bps))
 
 
 def _model_bytes(model_mb: float) -> int:
@@ -100,60 +82,251 @@ def _model_bytes(model_mb: float) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def simcheck(scenarios: Sequence[str], strategies: Sequence[str], *, model_mb: float = 4.0, steps: int = 40,
-             warmup: int = 5, alpha_s: float = 50e-6, host_bps: float | None = None, rate_scale: float = 1.0,
-             name: str = "simchk", timeout_s: float = 900.0,
-             progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """One row per (scenario, strategy): measured and predicted comm ms/iter and their ratio.
+# -- 1. calibration ----------------------------------------------------------------------------
+def _calibration_groups(rack_sizes: Sequence[int]) -> dict[str, list[list[list[int]]]]:
+    """The patterns the fit sees, as rounds of groups that run at once: the world's ring,
+    every rack's ring, and cross-rack pairs (rank ``i`` of rack 0 with rank ``i`` of rack 1,
+    then with rank ``i + 1``: two rounds of the same load, so the schedule mixes)."""
+    racks = [list(range(sum(rack_sizes[:r]), sum(rack_sizes[: r + 1]))) for r in range(len(rack_sizes))]
+    a, b = racks[0], racks[1]
+    k = min(len(a), len(b))
+    pairs = [[[a[i], b[i]] for i in range(k)], [[a[i], b[(i + 1) % k]] for i in range(k)]]
+    return {"world": [[list(range(sum(rack_sizes)))]], "racks": [racks], "pairs": pairs}
 
-    ``host_bps`` is the machine's veth-bytes per second (``Network.host_bps``); ``None``
-    measures it first with ``host_throughput()``, on its own cluster, before any strategy runs.
-    ``rate_scale`` multiplies every NIC and uplink rate of the scenarios, on the emulated
-    cluster and in the model alike: below 1 the links, not the two cores, bound a step (DESIGN
-    section 7 asks communication benchmarks for that regime)."""
-    unknown = [s for s in scenarios if s not in emulate.SCENARIOS]
-    if unknown:
-        raise ValueError(f"unknown scenario {unknown[0]!r}; choose from {', '.join(emulate.SCENARIOS)}")
-    if steps <= warmup or warmup < 0 or model_mb <= 0:
-        raise ValueError(f"need steps > warmup >= 0 and model_mb > 0, got {steps}, {warmup}, {model_mb}")
-    size = _model_bytes(model_mb)
-    if host_bps is None:
-        host_bps = host_throughput(name=f"{name}h")["host_bps"]
+
+def _bench_patterns(name: str, tmp: Path, rack_sizes: Sequence[int], labels: Sequence[str], *, sizes: str,
+                    iters: int, timeout_s: float) -> list[dict[str, Any]]:
+    """``bench allreduce`` on cluster ``name`` for each calibration pattern in ``labels``."""
+    from dssync.schedule import Schedule
+
+    world = sum(rack_sizes)
+    samples = []
+    for label in labels:
+        rounds = _calibration_groups(rack_sizes)[label]
+        out = tmp / f"{label}.json"
+        if label == "pairs":
+            groups = tmp / "pairs-schedule.json"
+            alone = [[[x] for x in range(world) if not any(x in g for g in r)] for r in rounds]
+            Schedule(world, [[*r, *rest] for r, rest in zip(rounds, alone, strict=True)]).save(groups)
+            where = ["--groups", str(groups)]
+        else:
+            where = ["--groups", label, "--rack-sizes", ",".join(map(str, rack_sizes))]
+        rec = emulate.run_dssync(name, ["bench", "allreduce", "--sizes", sizes, "--factor", "4", "--warmup", "3",
+                                        "--iters", str(iters), *where, "--json", str(out)], out, timeout_s=timeout_s)
+        samples += [{"pattern": label, "groups": rounds[0], "bytes": r["size"], "time_s": r["time_us"] * 1e-6}
+                    for r in rec["rows"]]
+    return samples
+
+
+def calibrate(*, rate_scale: float, name: str = "simcal", sizes: str = "64K:4M", iters: int = 10,
+              contended_sizes: str = "64K:1M", contended_iters: int = 5, timeout_s: float = 900.0) -> dict[str, Any]:
+    """The calibration patterns timed by ``bench allreduce``: on the ``static`` cluster for
+    ``alpha_s`` and ``efficiency`` (``fit``), then the world's ring and the cross-rack pairs
+    on the ``inter-rack`` cluster with its background streams on, for ``background_weight``
+    and ``head_bytes`` (``fit_background``)."""
+    spec = emulate.SCENARIOS["static"]
+    nic, uplink = _rates("static", rate_scale)
+    with emulate.cluster(spec["rack_sizes"], nic=nic, uplink=uplink, name=name), \
+            tempfile.TemporaryDirectory() as tmp:
+        samples = _bench_patterns(name, Path(tmp), spec["rack_sizes"], ("world", "racks", "pairs"), sizes=sizes,
+                                  iters=iters, timeout_s=timeout_s)
+    out: dict[str, Any] = {"nic": nic, "uplink": uplink, "rack_sizes": spec["rack_sizes"], "samples": samples,
+                           **fit(samples, network_of("static", rate_scale=rate_scale))}
+    busy = emulate.SCENARIOS["inter-rack"]
+    with emulate.cluster(busy["rack_sizes"], nic=nic, uplink=uplink, name=name), \
+            tempfile.TemporaryDirectory() as tmp:
+        emulate.contend(name=name, flows=busy["flows"])
+        contended = _bench_patterns(name, Path(tmp), busy["rack_sizes"], ("world", "pairs"), sizes=contended_sizes,
+                                    iters=contended_iters, timeout_s=timeout_s)
+    net = network_of("inter-rack", alpha_s=out["alpha_s"], efficiency=out["efficiency"], rate_scale=rate_scale)
+    out["contended_samples"] = contended
+    out.update(fit_background(contended, net))
+    return out
+
+
+def fit(samples: Sequence[dict[str, Any]], net: Network) -> dict[str, Any]:
+    """``alpha_s`` and ``efficiency`` such that ``time = steps * alpha + bytes_time / efficiency``
+    fits ``samples`` best (non-negative least squares, relative errors), where ``steps`` and
+    ``bytes_time`` are the simulator's ring of each sample's groups on ``net``."""
+    bare = Network(net.rack_sizes, nic_bps=net.nic_bps, uplink_bps=net.uplink_bps, alpha_s=0.0)
+    a = np.asarray([[2 * (max(len(g) for g in s["groups"]) - 1), ring_round(bare, s["groups"], s["bytes"])]
+                    for s in samples])
+    t = np.asarray([s["time_s"] for s in samples])
+    (alpha, inv_eff), _ = scipy.optimize.nnls(a / t[:, None], np.ones_like(t))
+    predicted = a @ np.array([alpha, inv_eff])
+    return {"alpha_s": float(alpha), "efficiency": float(1 / inv_eff) if inv_eff > 0 else float("inf"),
+            "fit_ratio_range": [float((predicted / t).min()), float((predicted / t).max())]}
+
+
+def fit_background(samples: Sequence[dict[str, Any]], net: Network) -> dict[str, Any]:
+    """``background_weight`` and ``head_bytes`` (``bench.simulate.Network``) that fit the
+    ``samples`` timed with background streams on ``net`` (whose latency and efficiency are
+    already fitted) best in relative error (bounded least squares)."""
+    t = np.asarray([s["time_s"] for s in samples])
+
+    def model(x: np.ndarray) -> np.ndarray:
+        trial = dataclasses.replace(net, background_weight=float(x[0]), head_bytes=float(x[1]) * 1e6)
+        return np.asarray([ring_round(trial, s["groups"], s["bytes"]) for s in samples])
+    x = scipy.optimize.least_squares(lambda x: model(x) / t - 1, x0=[1.0, 0.05], bounds=([0.0, 0.0], [4.0, 8.0])).x
+    predicted = model(x)
+    return {"background_weight": float(x[0]), "head_bytes": float(x[1]) * 1e6,
+            "background_fit_ratio_range": [float((predicted / t).min()), float((predicted / t).max())]}
+
+
+# -- 2. and 3. jobs ----------------------------------------------------------------------------
+def _job(name: str, tmp: Path, scenario: str, strategy: str, *, seed: int, model_mb: float, steps: int,
+         warmup: int, timeout_s: float, topo: Path) -> dict[str, Any]:
+    spec = emulate.SCENARIOS[scenario]
+    where = ["--topology", str(topo)] if strategy == "ds-sync" else \
+        ["--rack-sizes", ",".join(map(str, spec["rack_sizes"]))]
+    rec = train_on_cluster(name, tmp / f"{strategy}-{seed}.json", [
+        "--strategy", strategy, "--task", "synthetic", "--model-mb", str(model_mb), "--seed", str(seed),
+        "--batch-size", "1", "--steps", str(steps), "--eval-every", str(steps), *where,
+    ], timeout_s=timeout_s)
+    by_rank = rec["comm_ms_by_rank"]
+    return {"scenario": scenario, "strategy": strategy, "seed": seed, "steps": steps, "warmup": warmup,
+            "wall_ms": statistics.fmean(rec["wall_ms_samples"][warmup:]),
+            "comm_ms": statistics.fmean(statistics.fmean(mine[warmup:]) for mine in by_rank),
+            "rank0_comm_ms": statistics.fmean(by_rank[0][warmup:]),
+            "wall_ms_samples": rec["wall_ms_samples"], "comm_ms_by_rank": by_rank}
+
+
+def _topology_file(tmp: Path, scenario: str) -> Path:
+    topo = tmp / f"topology-{scenario}.json"
+    topo.write_text(json.dumps(with_contention(network_of(scenario)).to_dict()))
+    return topo
+
+
+def cpu_times(strategies: Sequence[str], *, model_mb: float, steps: int, warmup: int, name: str = "simcpu",
+              timeout_s: float = 900.0, progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Each strategy's job on the unshaped ``static`` cluster (stage 2)."""
+    spec = emulate.SCENARIOS["static"]
+    nic, uplink = _rates("static", UNSHAPED_SCALE)
     rows = []
-    for scenario in scenarios:
-        spec = emulate.SCENARIOS[scenario]
-        net = network_of(scenario, alpha_s=alpha_s, host_bps=host_bps, rate_scale=rate_scale)
-        nic, uplink = (emulate.format_rate(round(8 * bps)) for bps in (net.nic_bps, net.uplink_bps))
-        with emulate.cluster(spec["rack_sizes"], nic=nic, uplink=uplink, name=name), \
-                tempfile.TemporaryDirectory() as tmp:
-            topo = Path(tmp) / "topology.json"
-            topo.write_text(json.dumps(with_contention(net).to_dict()))
-            if spec["flows"]:
-                emulate.contend(name=name, flows=spec["flows"])
-            for strategy in strategies:
-                where = ["--topology", str(topo)] if strategy == "ds-sync" else \
-                    ["--rack-sizes", ",".join(map(str, spec["rack_sizes"]))]
-                rec = train_on_cluster(name, Path(tmp) / f"{strategy}.json", [
-                    "--strategy", strategy, "--task", "synthetic", "--model-mb", str(model_mb),
-                    "--batch-size", "1", "--steps", str(steps), "--eval-every", str(steps), *where,
-                ], timeout_s=timeout_s)
-                measured = statistics.median(rec["comm_ms_samples"][warmup:])
-                predicted = 1e3 * float(statistics.median(iteration_times(net, strategy, size, steps)[warmup:]))
-                row = {"scenario": scenario, "strategy": strategy, "model_bytes": size, "steps": steps,
-                       "measured_ms": measured, "predicted_ms": predicted, "ratio": predicted / measured,
-                       "host_bps": host_bps if math.isfinite(host_bps) else None, "rate_scale": rate_scale,
-                       "nic": nic, "uplink": uplink,
-                       "comm_ms_samples": rec["comm_ms_samples"]}
-                rows.append(row)
-                if progress is not None:
-                    progress(row)
+    with emulate.cluster(spec["rack_sizes"], nic=nic, uplink=uplink, name=name), \
+            tempfile.TemporaryDirectory() as tmp:
+        topo = _topology_file(Path(tmp), "static")
+        for strategy in strategies:
+            row = _job(name, Path(tmp), "static", strategy, seed=0, model_mb=model_mb, steps=steps, warmup=warmup,
+                       timeout_s=timeout_s, topo=topo)
+            row["compute_ms"] = max(row["wall_ms"] - row["rank0_comm_ms"], 0.0)
+            rows.append(row)
+            if progress is not None:
+                progress(row)
     return rows
 
 
-def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
-    lines = ["| scenario | strategy | measured ms/iter | simulated ms/iter | simulated ÷ measured |",
-             "|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['scenario']} | {r['strategy']} | {r['measured_ms']:.1f} | {r['predicted_ms']:.1f} "
-                     f"| {r['ratio']:.2f} |")
+def measure(scenarios: Sequence[str], strategies: Sequence[str], *, seeds: Sequence[int], model_mb: float,
+            steps: int, warmup: int, rate_scale: float, name: str = "simchk", timeout_s: float = 900.0,
+            progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Every strategy on every scenario's shaped cluster, background flows on, seed by seed
+    (stage 3)."""
+    rows = []
+    for scenario in scenarios:
+        spec = emulate.SCENARIOS[scenario]
+        nic, uplink = _rates(scenario, rate_scale)
+        with emulate.cluster(spec["rack_sizes"], nic=nic, uplink=uplink, name=name), \
+                tempfile.TemporaryDirectory() as tmp:
+            topo = _topology_file(Path(tmp), scenario)
+            if spec["flows"]:
+                emulate.contend(name=name, flows=spec["flows"])
+            for seed in seeds:
+                for strategy in strategies:
+                    row = _job(name, Path(tmp), scenario, strategy, seed=seed, model_mb=model_mb, steps=steps,
+                               warmup=warmup, timeout_s=timeout_s, topo=topo)
+                    row.update(nic=nic, uplink=uplink, rate_scale=rate_scale)
+                    rows.append(row)
+                    if progress is not None:
+                        progress(row)
+    return rows
+
+
+# -- the model beside the measurements ----------------------------------------------------------
+#: The model's parameters that a calibration fits, and their values without one.
+FITTED = {"alpha_s": 0.0, "efficiency": 1.0, "background_weight": 1.0, "head_bytes": 0.0}
+
+
+def _fitted(calibration: dict[str, Any]) -> dict[str, float]:
+    return {k: float(calibration.get(k, default)) for k, default in FITTED.items()}
+
+
+def predict(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Simulated ÷ measured per (scenario, strategy, seed) of a simcheck ``record``: the
+    calibration's alpha and efficiency, each strategy's compute time from the CPU-share runs,
+    the same racks, rates, streams, bytes and iteration window."""
+    cal, size, rate_scale = record["calibration"], record["model_bytes"], record["rate_scale"]
+    compute = {r["strategy"]: r["compute_ms"] for r in record["cpu"]}
+    cache: dict[tuple[str, str], tuple[float, float]] = {}
+    out = []
+    for m in record["jobs"]:
+        key = (m["scenario"], m["strategy"])
+        if key not in cache:
+            net = network_of(m["scenario"], rate_scale=rate_scale, **_fitted(cal))
+            ranks = 1e3 * rank_times(net, m["strategy"], size, m["steps"])[m["warmup"]:]
+            cache[key] = (compute[m["strategy"]] + float(ranks[:, 0].mean()), float(ranks.mean()))
+        wall, comm = cache[key]
+        out.append({"scenario": m["scenario"], "strategy": m["strategy"], "seed": m["seed"],
+                    "wall_ms": m["wall_ms"], "sim_wall_ms": wall, "wall_ratio": wall / m["wall_ms"],
+                    "comm_ms": m["comm_ms"], "sim_comm_ms": comm,
+                    "comm_ratio": comm / m["comm_ms"] if m["comm_ms"] > 0 else float("nan")})
+    return out
+
+
+def simcheck(scenarios: Sequence[str], strategies: Sequence[str], *, seeds: Sequence[int] = (0, 1, 2),
+             model_mb: float = 1.0, steps: int = 20, warmup: int = 4, rate_scale: float = 0.05,
+             name: str = "simchk", timeout_s: float = 900.0,
+             progress: Callable[[str, dict[str, Any]], None] | None = None,
+             save: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """All three stages and the prediction: the record ``dssync bench simcheck`` writes.
+    ``save`` gets the record as it grows, after every stage and every job."""
+    unknown = [s for s in scenarios if s not in emulate.SCENARIOS]
+    if unknown:
+        raise ValueError(f"unknown scenario {unknown[0]!r}; choose from {', '.join(emulate.SCENARIOS)}")
+    bad = [s for s in strategies if s not in STRATEGIES]
+    if bad:
+        raise ValueError(f"the simulator has no model of {bad[0]!r}; choose from {', '.join(STRATEGIES)}")
+    if steps <= warmup or warmup < 0 or model_mb <= 0 or not rate_scale > 0:
+        raise ValueError(f"need steps > warmup >= 0, model_mb > 0 and rate_scale > 0, got {steps}, {warmup}, "
+                         f"{model_mb}, {rate_scale}")
+    say = progress or (lambda stage, row: None)
+    keep = save or (lambda record: None)
+    record: dict[str, Any] = {"model_mb": model_mb, "model_bytes": _model_bytes(model_mb), "steps": steps,
+                              "warmup": warmup, "rate_scale": rate_scale, "seeds": list(seeds)}
+    record["calibration"] = calibrate(rate_scale=rate_scale, name=f"{name}c", timeout_s=timeout_s)
+    say("calibration", record["calibration"])
+    record["cpu"], record["jobs"] = [], []
+
+    def add(stage: str, row: dict[str, Any]) -> None:
+        record[stage].append(row)
+        keep(record)
+        say(stage, row)
+    keep(record)
+    cpu_times(strategies, model_mb=model_mb, steps=steps, warmup=warmup, name=f"{name}u", timeout_s=timeout_s,
+              progress=lambda r: add("cpu", r))
+    measure(scenarios, strategies, seeds=seeds, model_mb=model_mb, steps=steps, warmup=warmup,
+            rate_scale=rate_scale, name=name, timeout_s=timeout_s, progress=lambda r: add("jobs", r))
+    static = {(r["strategy"]): r["wall_ms"] for r in record["jobs"] if r["scenario"] == "static" and r["seed"] == seeds[0]}
+    for r in record["cpu"]:
+        if r["strategy"] in static:
+            r["cpu_share"] = r["wall_ms"] / static[r["strategy"]]
+    record["rows"] = predict(record)
+    return record
+
+
+def markdown_table(record: dict[str, Any]) -> str:
+    """Per (scenario, strategy): measured means over the seeds and the range of simulated ÷
+    measured over the seeds, wall and per-rank comm."""
+    lines = ["| scenario | strategy | wall ms/iter measured | simulated | ÷ (seeds) | per-rank comm ms/iter measured "
+             "| simulated | ÷ (seeds) |", "|---|---|---|---|---|---|---|---|"]
+    keys = list(dict.fromkeys((r["scenario"], r["strategy"]) for r in record["rows"]))
+    for key in keys:
+        rs = [r for r in record["rows"] if (r["scenario"], r["strategy"]) == key]
+
+        def span(field: str, rs: list[dict[str, Any]] = rs) -> str:
+            vals = [r[field] for r in rs]
+            return f"{min(vals):.2f}–{max(vals):.2f}" if len(vals) > 1 else f"{vals[0]:.2f}"
+        lines.append(f"| {key[0]} | {key[1]} | {statistics.fmean(r['wall_ms'] for r in rs):.1f} "
+                     f"| {rs[0]['sim_wall_ms']:.1f} | {span('wall_ratio')} "
+                     f"| {statistics.fmean(r['comm_ms'] for r in rs):.1f} | {rs[0]['sim_comm_ms']:.1f} "
+                     f"| {span('comm_ratio')} |")
     return "\n".join(lines)

@@ -45,9 +45,10 @@ from dssync.planner import plan
 from dssync.strategies.gossip import gossip_peers
 from dssync.topology import Topology
 
-__all__ = ["Network", "iteration_times", "rank_times", "simulate", "table_ii", "with_contention"]
+__all__ = ["STRATEGIES", "Network", "iteration_times", "rank_times", "ring_round", "simulate", "table_ii",
+           "with_contention"]
 
-STRATEGIES = ("allreduce", "hierarchical", "gossip", "asp", "ds-sync")
+STRATEGIES = ("ddp", "allreduce", "hierarchical", "torch-hier", "diloco", "gossip", "asp", "ds-sync")
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,17 @@ class Network:
     nic_bps: float = 125e6
     uplink_bps: float = 125e6
     alpha_s: float = 50e-6
+    efficiency: float = 1.0
+    """The fraction of a link's rate one of the job's flows moves when it has the link to
+    itself (TCP and the collective library's framing; fitted by ``dssync bench simcheck``)."""
+    background_weight: float = 1.0
+    """What one background TCP stream counts for against one of the job's flows on a shared
+    link, once that flow's first ``head_bytes`` are through (1: TCP's per-stream share)."""
+    head_bytes: float = 0.0
+    """Bytes a link shared with background streams lets the job's flows through at the
+    rate they would have alone, split among the job's flows that enter it at once: a
+    collective's flow finds its window open and puts it into the link's queue in one burst,
+    ahead of the background's packets. Fitted by ``dssync bench simcheck``."""
     uplink_out_streams: dict[int, int] = field(default_factory=dict)
     """Background streams leaving rack r through its uplink."""
     nic_out_streams: dict[int, int] = field(default_factory=dict)
@@ -125,12 +137,15 @@ def _ring_groups(net: Network, groups: Sequence[Sequence[int]], size_bytes: floa
     return out
 
 
-def _ring_round(net: Network, groups: Sequence[Sequence[int]], size_bytes: float) -> float:
+def ring_round(net: Network, groups: Sequence[Sequence[int]], size_bytes: float) -> float:
     """All ``groups`` ring-allreduce ``size_bytes`` at once; the slowest group's time."""
     return float(_ring_groups(net, groups, size_bytes).max(initial=0.0))
 
 
 def _per_flow_times(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+    """Seconds each flow takes when all of them start together: its first bytes (up to its
+    share of ``head_bytes`` on a link with background streams) at the rate the job's flows
+    would have alone, the rest at its share among the job's flows and the background's."""
     n, racks = net.world_size, net.rack_of()
     num_racks = len(net.rack_sizes)
     rs, rd = racks[src], racks[dst]
@@ -146,10 +161,23 @@ def _per_flow_times(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.n
             bg_up[racks[i]] += k
     for r, k in net.uplink_out_streams.items():
         bg_up[r] += k
-    rate = np.minimum(net.nic_bps / (nic_out[src] + bg_nic[src]), net.nic_bps / nic_in[dst])
-    rate[cross] = np.minimum(rate[cross], np.minimum(net.uplink_bps / (up_out[rs[cross]] + bg_up[rs[cross]]),
-                                                     net.uplink_bps / up_in[rd[cross]]))
-    return nbytes / rate
+    rates = []  # (rate alone, rate with the background, job flows on the link) per link a flow crosses
+    for bg in (0, 1):
+        rate = np.minimum(_share(net, net.nic_bps, nic_out[src], bg * bg_nic[src]), net.nic_bps / nic_in[dst])
+        rate[cross] = np.minimum(rate[cross], np.minimum(
+            _share(net, net.uplink_bps, up_out[rs[cross]], bg * bg_up[rs[cross]]), net.uplink_bps / up_in[rd[cross]]))
+        rates.append(net.efficiency * rate)
+    alone, shared = rates
+    busy = shared < alone  # flows whose slowest link carries background streams
+    flows = np.where(cross & (bg_up[rs] > 0), up_out[rs], nic_out[src])  # job flows entering that link
+    head = np.where(busy, np.minimum(nbytes, net.head_bytes / np.maximum(flows, 1)), 0.0)
+    return head / alone + (nbytes - head) / shared
+
+
+def _share(net: Network, bps: float, flows: np.ndarray | float, background: np.ndarray | float) -> np.ndarray | float:
+    """One of the job's ``flows`` on a link of ``bps`` that ``background`` TCP streams also
+    cross: its share once the background has its weight (``Network.background_weight``)."""
+    return bps / (flows + net.background_weight * background)
 
 
 def _reduce_time(net: Network, groups: Sequence[Sequence[int]], size_bytes: float) -> float:
@@ -159,7 +187,7 @@ def _reduce_time(net: Network, groups: Sequence[Sequence[int]], size_bytes: floa
     groups = [list(g) for g in groups if len(g) > 1]
     if not groups:
         return 0.0
-    scatter = _ring_round(net, groups, size_bytes) / 2
+    scatter = ring_round(net, groups, size_bytes) / 2
     src = np.array([r for g in groups for r in g[1:]])
     dst = np.array([g[0] for g in groups for _ in g[1:]])
     shares = np.array([size_bytes / len(g) for g in groups for _ in g[1:]])
@@ -196,64 +224,129 @@ def rank_times(net: Network, strategy: str, size_bytes: float, iterations: int) 
     DESIGN section 7's per-rank figure, from the rank's first communication call to the end
     of its last, waits for peers included.
 
-    Every rank keeps its own clock. A collective of the whole world (allreduce,
-    hierarchical) lines every rank up each iteration, so all ranks spend the same time. The
-    parameter server's workers wait for nobody. ds-sync's groups and gossip's peers do: a
-    group starts when its last member arrives and all members leave together; a gossip
+    Every rank keeps its own clock. A collective starts when the last member of its group
+    arrives and all members leave together: a collective of the whole world (allreduce,
+    ddp, hierarchical, diloco's outer step, torch-hier's world average) lines every rank up,
+    ds-sync's groups and torch-hier's racks line up their own members only. A gossip
     transfer ``i -> i + 2^k`` starts when both ends are there, and a rank is done when its
-    send and its receive are. A rank that left a fast group early therefore waits, next
-    iteration, for a group-mate still in a slow one, and that wait is communication time.
-    Every rank computes for the same time between iterations, which shifts every clock
-    alike, so compute does not appear.
+    send and its receive are. The parameter server's workers wait for nobody. A rank that
+    left a fast group early therefore waits, next iteration, for a group-mate still in a
+    slow one, and that wait is communication time. Every rank computes for the same time
+    between iterations, which shifts every clock alike, so compute does not appear.
+
+    Each strategy's settings are its defaults (``dssync train --strategy NAME``): ddp's
+    buckets, torch-hier's periods, diloco's inner steps.
     """
-    n = net.world_size
-    if strategy in ("allreduce", "hierarchical", "asp"):
-        return np.repeat(_lockstep_times(net, strategy, size_bytes)[None, :], iterations, axis=0)
     if strategy == "gossip":
-        dims = max(1, (n - 1).bit_length())
-        ranks = np.arange(n)
-        rounds = []
-        for k in range(dims):
-            if n < 2:
-                rounds.append(None)
-                continue
-            dst = np.array([gossip_peers(r, n, k)[0] for r in ranks], dtype=int)
-            src = np.array([gossip_peers(r, n, k)[1] for r in ranks], dtype=int)
-            sizes = np.full(n, size_bytes)
-            flow = net.alpha_s + np.maximum(_per_flow_times(net, ranks, dst, sizes),
-                                            _host_time(net, ranks, dst, sizes))
-            rounds.append((dst, src, flow))
-        return _clocked(rounds, iterations, n, _gossip_finish)
+        return _clocked(_gossip_rounds(net, size_bytes), iterations, net.world_size, _gossip_finish)
+    return _clocked(_group_rounds(net, strategy, size_bytes), iterations, net.world_size, _group_finish)
+
+
+def _as_round(groups: Sequence[Sequence[int]], durations: Sequence[float] | np.ndarray) -> tuple:
+    """``groups`` (disjoint) that run at once, each for its duration: ``_group_finish``'s round."""
+    members = np.concatenate([np.asarray(g, dtype=int) for g in groups])
+    offsets = np.cumsum([0] + [len(g) for g in groups[:-1]])
+    return members, offsets, np.repeat(np.asarray(durations, dtype=float), [len(g) for g in groups])
+
+
+def _group_rounds(net: Network, strategy: str, size_bytes: float) -> list[Any]:
+    """One entry per iteration of the strategy's cycle: a ``_group_finish`` round, or ``None``
+    for an iteration without communication."""
+    from dssync.strategies import DiLoCoStrategy, TorchHierStrategy
+
+    n = net.world_size
+    world = [list(range(n))]  # ranks are numbered rack by rack: the ring crosses each rack boundary once
+    racks = [list(r) for r in net.topology().racks()]
+    if strategy == "allreduce":
+        return [_as_round(world, [ring_round(net, world, size_bytes)])]
+    if strategy == "ddp":  # DDP's buckets, each its own allreduce, one after the other
+        return [_as_round(world, [sum(ring_round(net, world, b) for b in _buckets(size_bytes))])]
+    if strategy == "hierarchical":
+        leaders = [r[0] for r in racks]
+        seconds = _reduce_time(net, racks, size_bytes) + ring_round(net, [leaders], size_bytes) \
+            + _broadcast_time(net, racks, size_bytes)
+        return [_as_round(world, [seconds])]
+    if strategy == "torch-hier":  # torch's averager: the largest period dividing its step counter (from 0)
+        cfg = TorchHierStrategy.Config()
+        everyone = _as_round(world, [ring_round(net, world, size_bytes)])
+        by_rack = _as_round(racks, _ring_groups(net, racks, size_bytes))
+        return [everyone if t % cfg.world_period == 0 else by_rack if t % cfg.rack_period == 0 else None
+                for t in range(cfg.world_period)]
+    if strategy == "diloco":  # the outer step's allreduce after every H inner steps
+        h = DiLoCoStrategy.Config().inner_steps
+        return [None] * (h - 1) + [_as_round(world, [ring_round(net, world, size_bytes)])]
+    if strategy == "asp":  # every worker pushes to and pulls from every shard; nobody waits
+        return [_as_round([[r] for r in range(n)], np.full(n, 2 * _all_to_all_time(net, size_bytes)))]
     if strategy == "ds-sync":
-        period = plan(with_contention(net)).period
-        rounds = []
-        for partition in period:
+        out = []
+        for partition in plan(with_contention(net)).period:
             groups = [list(g) for g in partition]
-            members = np.concatenate([np.asarray(g) for g in groups])
-            offsets = np.cumsum([0] + [len(g) for g in groups[:-1]])
-            durations = np.repeat(_ring_groups(net, groups, size_bytes), [len(g) for g in groups])
-            rounds.append((members, offsets, durations))
-        return _clocked(rounds, iterations, n, _group_finish)
+            out.append(_as_round(groups, _ring_groups(net, groups, size_bytes)))
+        return out
     raise ValueError(f"unknown strategy {strategy!r} for the simulator; choose from {', '.join(STRATEGIES)}")
 
 
-def _lockstep_times(net: Network, strategy: str, size_bytes: float) -> np.ndarray:
-    """Per-rank seconds of one iteration of a strategy whose ranks never wait for a late peer."""
+def _buckets(size_bytes: float) -> list[float]:
+    """DDP's buckets for ``size_bytes`` of gradients: a first bucket of 1 MiB, then buckets of
+    ``bucket_cap_mb`` (torch's ``_DEFAULT_FIRST_BUCKET_BYTES`` and DDP's default cap)."""
+    from dssync.strategies import DDPStrategy
+
+    first, cap = float(1 << 20), DDPStrategy.Config().bucket_cap_mb * (1 << 20)
+    out = [min(size_bytes, first)]
+    rest = size_bytes - out[0]
+    while rest > 0:
+        out.append(min(rest, cap))
+        rest -= out[-1]
+    return out
+
+
+def _gossip_rounds(net: Network, size_bytes: float) -> list[Any]:
     n = net.world_size
-    racks = [list(r) for r in net.topology().racks()]
-    if strategy == "allreduce":
-        # Ranks are numbered rack by rack, so the ring crosses each rack boundary once.
-        seconds = _ring_round(net, [list(range(n))], size_bytes)
-    elif strategy == "hierarchical":
-        leaders = [r[0] for r in racks]
-        seconds = _reduce_time(net, racks, size_bytes) + _ring_round(net, [leaders], size_bytes) \
-            + _broadcast_time(net, racks, size_bytes)
-    else:  # asp: every worker pushes to and pulls from every shard
-        src = np.repeat(np.arange(n), n)
-        dst = np.tile(np.arange(n), n)
-        keep = src != dst
-        seconds = 2 * _step_time(net, src[keep], dst[keep], np.full(int(keep.sum()), size_bytes / n))
-    return np.full(n, seconds)
+    ranks = np.arange(n)
+    rounds: list[Any] = []
+    for k in range(max(1, (n - 1).bit_length())):
+        if n < 2:
+            rounds.append(None)
+            continue
+        dst = np.array([gossip_peers(r, n, k)[0] for r in ranks], dtype=int)
+        src = np.array([gossip_peers(r, n, k)[1] for r in ranks], dtype=int)
+        sizes = np.full(n, size_bytes)
+        flow = net.alpha_s + np.maximum(_per_flow_times(net, ranks, dst, sizes), _host_time(net, ranks, dst, sizes))
+        rounds.append((dst, src, flow))
+    return rounds
+
+
+def _all_to_all_time(net: Network, size_bytes: float) -> float:
+    """Seconds for every worker to send ``size_bytes / n`` to every other worker at once (one
+    direction of the parameter server's exchange), in closed form: a NIC carries ``n - 1`` of
+    the job's flows each way, rack ``r``'s uplink ``G_r (n - G_r)``, and the slowest flow sits
+    on the link with the smallest share."""
+    n = net.world_size
+    if n < 2:
+        return 0.0
+    sizes = np.asarray(net.rack_sizes, dtype=float)
+    racks = net.rack_of()
+    bg_nic, bg_up = np.zeros(n), np.zeros(len(sizes))
+    for i, k in net.nic_out_streams.items():
+        bg_nic[i] += k
+        if net.nic_crosses_uplink:
+            bg_up[racks[i]] += k
+    for r, k in net.uplink_out_streams.items():
+        bg_up[r] += k
+    rate = min(float(np.min(_share(net, net.nic_bps, n - 1, bg_nic))), float(_share(net, net.nic_bps, n - 1, 0)))
+    crossing = sizes * (n - sizes)
+    if crossing.max() > 0:
+        live = crossing > 0
+        rate = min(rate, float(np.min(_share(net, net.uplink_bps, crossing[live], bg_up[live]))),
+                   float(np.min(_share(net, net.uplink_bps, crossing[live], 0))))
+    share = size_bytes / n
+    seconds = share / (net.efficiency * rate)
+    if np.isfinite(net.host_bps):
+        intra = float((sizes * (sizes - 1)).sum())
+        veth_bytes = share * (2 * intra + 4 * (n * (n - 1) - intra))
+        background = len(net.uplink_out_streams) * net.uplink_bps + len(net.nic_out_streams) * min(net.nic_bps, net.uplink_bps)
+        seconds = max(seconds, veth_bytes / max(net.host_bps - 3 * background, 0.1 * net.host_bps))
+    return net.alpha_s + seconds
 
 
 def _group_finish(clock: np.ndarray, members: np.ndarray, offsets: np.ndarray, durations: np.ndarray) -> np.ndarray:
@@ -301,15 +394,19 @@ def with_contention(net: Network) -> Topology:
     return Topology.from_dict(data)
 
 
-def simulate(net: Network, strategies: Sequence[str], *, size_bytes: float, iterations: int = 1000) -> dict[str, Any]:
+def simulate(net: Network, strategies: Sequence[str], *, size_bytes: float, iterations: int = 1000,
+             compute_ms: float = 0.0) -> dict[str, Any]:
     """Per strategy: median and mean over ``iterations`` of DESIGN section 7's figure (the
-    longest any rank spent), and ``per_rank_ms``, what one rank spends on average."""
+    longest any rank spent), ``per_rank_ms``, what one rank spends on average, and
+    ``wall_ms``, an iteration's wall time: ``compute_ms`` plus the communication of the rank
+    that finishes last, per iteration (the job ends with its last rank)."""
     out = {}
     for s in strategies:
         ranks = rank_times(net, s, size_bytes, iterations)
         times = ranks.max(axis=1)
         out[s] = {"median_ms": 1e3 * float(np.median(times)), "mean_ms": 1e3 * float(np.mean(times)),
-                  "per_rank_ms": 1e3 * float(ranks.mean()), "total_s": float(times.sum())}
+                  "per_rank_ms": 1e3 * float(ranks.mean()), "total_s": float(times.sum()),
+                  "wall_ms": compute_ms + 1e3 * float(ranks.sum(axis=0).max()) / iterations}
     return out
 
 

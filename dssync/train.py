@@ -209,6 +209,7 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
     eval_s = 0.0
     steps_run = cfg.steps
     saved = first
+    ends: list[float] = []  # rank 0's clock at the end of each iteration, evaluation excluded
     comm.barrier()
     start = time.perf_counter()
     for step in range(first, cfg.steps):
@@ -227,6 +228,7 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
         with warnings.catch_warnings():  # strategies that step elsewhere never call base.step()
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
             scheduler.step()
+        ends.append(time.perf_counter() - start - eval_s)
         if progress is not None:
             progress[0].update(progress[1], advance=1)
         stopping = step + 1 == cfg.stop_after
@@ -303,6 +305,7 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
         "comm_ms_by_schedule": per_schedule,
         "curve": curve,
         "comm_ms_samples": per_iter,
+        "wall_ms_samples": [round(1e3 * (b - a), 3) for a, b in zip([0.0, *ends], ends, strict=False)],
         "comm_ms_by_rank": [[round(1e3 * x, 3) for x in mine] for mine in samples],
         "strategy_stats": stats,
         "config": {k: v for k, v in asdict(cfg).items()

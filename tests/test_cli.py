@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -226,9 +227,39 @@ def test_simulate_writes_every_strategy_and_ds_sync_beats_allreduce_under_conten
                   "--iterations", "50", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     record = json.loads(out.read_text())
-    assert set(record["strategies"]) == {"allreduce", "hierarchical", "gossip", "asp", "ds-sync"}
+    assert set(record["strategies"]) == {"ddp", "allreduce", "hierarchical", "torch-hier", "diloco", "gossip", "asp",
+                                         "ds-sync"}
     ms = {s: r["median_ms"] for s, r in record["strategies"].items()}
     assert ms["ds-sync"] < ms["allreduce"]
+
+
+def test_bench_predict_carries_the_measured_iterations_to_target_to_every_scale(tmp_path):
+    """On the recorded simcheck and compare records: ddp is its own reference (1.0), a
+    strategy that never reached the target has no prediction, and every other ratio is ddp's
+    wall time over the strategy's, weighted by the iterations each took in the compare record."""
+    from dssync.bench.predict import iterations_factors
+
+    out, png = tmp_path / "p.json", tmp_path / "p.png"
+    results = Path(__file__).resolve().parents[1] / "bench" / "results"
+    proc = dssync("bench", "predict", "--simcheck", results / "simcheck.json", "--compare", results / "compare.json",
+                  "--racks", "2,4", "--workers-per-rack", "4", "--contended", "0,0.5",
+                  "--iterations", "40", "--json", str(out), "--plot", str(png))
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(out.read_text())
+    rows = record["rows"]
+    assert {(r["workers"], r["contended_fraction"]) for r in rows} == {(8, 0.0), (16, 0.0), (8, 0.5), (16, 0.5)}
+    compare = json.loads((results / "compare.json").read_text())
+    factors = iterations_factors(compare)
+    for r in rows:
+        if r["strategy"] == "ddp":
+            assert r["tta_ratio"] == pytest.approx(1.0)
+        elif factors[r["strategy"]]["factor"] is None:
+            assert r["tta_ratio"] is None
+        else:
+            ddp = next(d for d in rows if d["strategy"] == "ddp" and d["workers"] == r["workers"]
+                       and d["contended_fraction"] == r["contended_fraction"])
+            assert r["tta_ratio"] == pytest.approx(ddp["wall_ms"] / r["wall_ms"] / factors[r["strategy"]]["factor"])
+    assert png.stat().st_size > 10_000
 
 
 @pytest.mark.parametrize(("args", "needle"), [

@@ -313,6 +313,9 @@ BAD_FLAGS = {
     "simulate --nic fast": ["simulate", "--rack-sizes", "2,2", "--nic", "fast"],
     "simulate --alpha-us -1": ["simulate", "--rack-sizes", "2,2", "--alpha-us", "-1"],
     "simulate --json into a missing folder": ["simulate", "--rack-sizes", "2,2", "--json", "{tmp}/no/s.json"],
+    "simulate --contended-uplinks 2": ["simulate", "--rack-sizes", "2,2", "--contended-uplinks", "2"],
+    "simulate --efficiency 0": ["simulate", "--rack-sizes", "2,2", "--efficiency", "0"],
+    "simulate --compute-ms -1": ["simulate", "--rack-sizes", "2,2", "--compute-ms", "-1"],
     "bench allreduce --sizes 0": ["bench", "allreduce", "--nproc", "2", "--sizes", "0"],
     "bench allreduce --iters 0": ["bench", "allreduce", "--nproc", "2", "--iters", "0"],
     "bench allreduce --factor 1": ["bench", "allreduce", "--nproc", "2", "--factor", "1"],
@@ -329,6 +332,15 @@ BAD_FLAGS = {
     "bench compare --json into a missing folder": ["bench", "compare", "--json", "{tmp}/no/c.json"],
     "bench simcheck --rate-scale 0": ["bench", "simcheck", "--rate-scale", "0"],
     "bench simcheck --strategies nope": ["bench", "simcheck", "--strategies", "nope"],
+    "bench simcheck --seeds 0": ["bench", "simcheck", "--seeds", "0"],
+    "bench simcheck --from a missing record": ["bench", "simcheck", "--from", "{tmp}/none.json"],
+    "bench simcheck --from a record of another bench": ["bench", "simcheck", "--from", "{tmp}/not-a-record.json"],
+    "bench predict --racks 0": ["bench", "predict", "--racks", "0"],
+    "bench predict --contended 1.5": ["bench", "predict", "--contended", "1.5"],
+    "bench predict --strategies without ddp": ["bench", "predict", "--strategies", "gossip"],
+    "bench predict --simcheck missing": ["bench", "predict", "--simcheck", "{tmp}/none.json"],
+    "bench predict --compare of another bench": ["bench", "predict", "--compare", "{tmp}/not-a-record.json"],
+    "bench predict --plot into a missing folder": ["bench", "predict", "--plot", "{tmp}/no/p.png"],
     "bench overlap --reps 0": ["bench", "overlap", "--reps", "0"],
     "bench probe-backends --seconds 0": ["bench", "probe-backends", "--seconds", "0"],
     "bench probe-layouts --count 0": ["bench", "probe-layouts", "--count", "0"],
@@ -375,4 +387,5 @@ BAD_FLAGS = {
 def test_bad_flags(case, tmp_path, capsys, monkeypatch):
     (tmp_path / "file.txt").write_text("x")
     (tmp_path / "t.json").write_text(json.dumps(TOPOLOGY))
+    (tmp_path / "not-a-record.json").write_text(json.dumps([{"strategy": "ddp"}]))
     refused(BAD_FLAGS[case], tmp_path, capsys, monkeypatch)

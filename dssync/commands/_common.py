@@ -9,7 +9,7 @@ from dssync.schedule import Schedule
 from dssync.topology import Topology
 
 __all__ = ["add_topology_options", "finite_float", "fraction", "non_negative_float", "non_negative_int", "positive_float",
-           "positive_int", "topology_from_args"]
+           "positive_int", "topology_from_args", "unit_interval"]
 
 
 def finite_float(text: str) -> float:
@@ -44,6 +44,14 @@ def fraction(text: str) -> float:
     value = finite_float(text)
     if not 0 < value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must lie between 0 and 1")
+    return value
+
+
+def unit_interval(text: str) -> float:
+    """An argparse type: a finite number from 0 to 1, both included."""
+    value = finite_float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must lie from 0 to 1")
     return value
 
 

@@ -15,14 +15,16 @@ from dssync.commands._common import (
     positive_float,
     positive_int,
     topology_from_args,
+    unit_interval,
 )
+from dssync.bench.simulate import STRATEGIES as SIMCHECK_STRATEGIES
 from dssync.launch import from_environ, run_ranks
 from dssync.train import LR_SCHEDULES
 
 #: The comparison of DESIGN section 7: what users run today and every rival, beside ds-sync.
 COMPARE_STRATEGIES = "ddp,allreduce,hierarchical,torch-hier,diloco,local-sgd,gossip,asp,ds-sync"
 
-__all__ = ["COMPARE_STRATEGIES", "add_parser", "run_ensemble", "run_allreduce", "run_compare", "run_averaging", "run_simcheck", "run_overlap", "run_probe_backends", "run_probe_layouts"]
+__all__ = ["COMPARE_STRATEGIES", "add_parser", "run_ensemble", "run_allreduce", "run_compare", "run_averaging", "run_simcheck", "run_predict", "run_overlap", "run_probe_backends", "run_probe_layouts"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -89,25 +91,50 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.set_defaults(run=_outputs_checked(run_compare))
 
     k = bsub.add_parser("simcheck", help="the simulator's prediction against the emulated cluster (needs root)",
-                        description="For each scenario, build the emulated cluster and run every strategy "
-                        "on a communication-bound job (synthetic task of --model-mb, one sample per rank); "
-                        "report measured comm ms/iter beside `dssync simulate`'s prediction for the same "
-                        "racks, rates, background streams and bytes.")
+                        description="Calibrate the simulator's per-message cost and per-flow efficiency from "
+                        "`bench allreduce` on the emulated static cluster, measure each strategy's CPU time on "
+                        "unshaped links, then run every strategy on every scenario (--seeds each) on a "
+                        "communication-bound job (synthetic task of --model-mb, one sample per rank) and report "
+                        "wall and per-rank comm ms/iter beside `dssync simulate`'s model of the same job. "
+                        "--from re-runs the model on a record without a cluster.")
     k.add_argument("--scenario", default="static,inter-rack,inter-rack+nic", metavar="S[,S...]")
-    k.add_argument("--strategies", default="allreduce,hierarchical,gossip,asp,ds-sync", metavar="A,B,...")
-    k.add_argument("--model-mb", type=positive_float, default=4.0)
-    k.add_argument("--steps", type=positive_int, default=40)
-    k.add_argument("--warmup", type=non_negative_int, default=5, help="iterations left out of both medians")
-    k.add_argument("--alpha-us", type=non_negative_float, default=50.0, help="the simulator's seconds per hop, in microseconds")
-    k.add_argument("--host-gbytes", type=positive_float, default=None, metavar="GB/S",
-                   help="the machine's veth-bytes per second for the simulator (default: measure it with "
-                   "iperf3, one flow out of every worker at once; 0: no cap)")
-    k.add_argument("--rate-scale", type=positive_float, default=1.0, metavar="F",
+    k.add_argument("--strategies", default=",".join(SIMCHECK_STRATEGIES), metavar="A,B,...")
+    k.add_argument("--seeds", type=positive_int, default=3, help="seeds 0..N-1 per strategy and scenario")
+    k.add_argument("--model-mb", type=positive_float, default=1.0)
+    k.add_argument("--steps", type=positive_int, default=20, help="iterations per job (diloco's outer step is the 20th)")
+    k.add_argument("--warmup", type=non_negative_int, default=4, help="iterations left out of every mean")
+    k.add_argument("--rate-scale", type=positive_float, default=0.05, metavar="F",
                    help="multiply every NIC and uplink rate of the scenarios by F, on the emulated cluster "
-                   "and in the model (below 1: the links rather than the machine's cores bound a step)")
+                   "and in the model (default 0.05: 50 Mbit/s, where the links rather than the machine's "
+                   "cores take at least 80%% of a job's time)")
+    k.add_argument("--from", dest="source", metavar="RECORD.json",
+                   help="a simcheck record: re-run the model on its measurements, run nothing")
     k.add_argument("--json", metavar="OUT")
     k.add_argument("--markdown", metavar="OUT")
     k.set_defaults(run=_outputs_checked(run_simcheck))
+
+    d = bsub.add_parser("predict", help="time to accuracy at cluster scale, from the simulator and the measured "
+                        "iterations to target",
+                        description="Each strategy's wall ms/iteration from `dssync simulate`'s model, calibrated "
+                        "by a `bench simcheck` record, on --racks racks of --workers-per-rack with background "
+                        "streams on a fraction of the uplinks, times its iterations to target over ddp's from a "
+                        "`bench compare` record: the predicted time to accuracy, as ddp's over each strategy's.")
+    d.add_argument("--simcheck", default="bench/results/simcheck.json", metavar="RECORD.json",
+                   help="the calibration (alpha, efficiency) to use (default %(default)s)")
+    d.add_argument("--compare", default="bench/results/compare.json", metavar="RECORD.json",
+                   help="the iterations to target and compute time to use (default %(default)s)")
+    d.add_argument("--racks", type=parse_rack_sizes, default=[2, 8, 32, 128, 512], metavar="R,R,...")
+    d.add_argument("--workers-per-rack", type=positive_int, default=32)
+    d.add_argument("--contended", default="0,0.25", metavar="F,F,...",
+                   help="fractions of the uplinks with 8 background streams, one panel each")
+    d.add_argument("--strategies", default=",".join(SIMCHECK_STRATEGIES), metavar="A,B,...")
+    d.add_argument("--nic", default="1gbit")
+    d.add_argument("--uplink", default="1gbit")
+    d.add_argument("--iterations", type=positive_int, default=200, help="simulated iterations per point")
+    d.add_argument("--json", metavar="OUT")
+    d.add_argument("--markdown", metavar="OUT")
+    d.add_argument("--plot", metavar="OUT.png")
+    d.set_defaults(run=_outputs_checked(run_predict))
 
     e = bsub.add_parser("ensemble", help="ds-sync's local ensemble against the plain world average, per evaluation",
                         description="Train ds-sync on local ranks once per ensemble rule, same seed (the "
@@ -421,25 +448,84 @@ def run_ensemble(args: argparse.Namespace) -> int:
 
 
 def run_simcheck(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
 
     from rich.console import Console
 
-    from dssync.bench.simcheck import markdown_table, simcheck
-    from dssync.bench.simulate import STRATEGIES
+    from dssync.bench.simcheck import markdown_table, predict, simcheck
 
+    if args.source:
+        try:
+            record = json.loads(Path(args.source).read_text())
+            record["rows"] = predict(record)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{args.source} is not a simcheck record: {exc}") from None
+    else:
+        console = Console(stderr=True)
+
+        def say(stage: str, r: dict) -> None:
+            if stage == "calibration":  # the others: one job's row
+                console.print(f"calibration: alpha {1e6 * r['alpha_s']:.0f} us, efficiency {r['efficiency']:.3f}")
+            else:
+                console.print(f"{stage} {r['scenario']} {r['strategy']} seed {r['seed']}: wall {r['wall_ms']:.1f} "
+                              f"ms/iter, per-rank comm {r['comm_ms']:.1f}")
+        record = simcheck([s.strip() for s in args.scenario.split(",") if s.strip()],
+                          [s.strip() for s in args.strategies.split(",") if s.strip()],
+                          seeds=range(args.seeds), model_mb=args.model_mb, steps=args.steps, warmup=args.warmup,
+                          rate_scale=args.rate_scale, progress=say,
+                          save=(lambda r: write_json(args.json, r)) if args.json else None)
+    _report(markdown_table(record), record, args)
+    return 0
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    import json
+    import statistics
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from dssync.bench.predict import iterations_factors, markdown_table, plot, predict_tta
+    from dssync.launch.emulate import parse_rate
+
+    def read(path: str, what: str) -> object:
+        try:
+            return json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"--{what} {path}: {exc}") from None
+    sim, records = read(args.simcheck, "simcheck"), read(args.compare, "compare")
+    try:
+        calibration = {k: float(sim["calibration"][k]) for k in ("alpha_s", "efficiency")}
+        factors = iterations_factors(records)
+        ddp = [r for r in records if r["strategy"] == "ddp"]
+        compute_ms = statistics.median(r["wall_ms_per_iter"] - r["per_rank_comm_ms_per_iter"] for r in ddp)
+        size_bytes = 4 * (784 * 512 + 512 + 512 * 10 + 10) if ddp[0]["task"] == "mnist-wide" else None
+    except (KeyError, TypeError, IndexError, ValueError) as exc:
+        raise ValueError(f"--simcheck {args.simcheck} or --compare {args.compare} is not such a record: {exc}") from None
+    if size_bytes is None:
+        raise ValueError(f"--compare {args.compare}: the model size of task {ddp[0]['task']!r} is not known here")
+    try:
+        fractions = [unit_interval(x) for x in args.contended.split(",") if x.strip()]
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(f"--contended: {exc}") from None
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    for s in strategies:
-        if s not in STRATEGIES:
-            raise ValueError(f"the simulator has no model of {s!r}; choose from {', '.join(STRATEGIES)}")
-    scenarios = [s.strip() for s in args.scenario.split(",") if s.strip()]
+    bad = [s for s in strategies if s not in SIMCHECK_STRATEGIES]
+    if bad or "ddp" not in strategies:
+        raise ValueError(f"--strategies must include ddp (the reference) and only {', '.join(SIMCHECK_STRATEGIES)}")
     console = Console(stderr=True)
-    rows = simcheck(scenarios, strategies, model_mb=args.model_mb, steps=args.steps, warmup=args.warmup,
-                    alpha_s=args.alpha_us * 1e-6, rate_scale=args.rate_scale,
-                    host_bps=None if args.host_gbytes is None else (args.host_gbytes * 1e9 or float("inf")),
-                    progress=lambda r: console.print(
-                        f"{r['scenario']} {r['strategy']}: measured {r['measured_ms']:.1f} ms/iter, "
-                        f"simulated {r['predicted_ms']:.1f} ({r['ratio']:.2f}x)"))
-    _report(markdown_table(rows), rows, args)
+    with console.status("simulating") as status:
+        rows = predict_tta(racks=args.racks, workers_per_rack=args.workers_per_rack, fractions=fractions,
+                           strategies=strategies, calibration=calibration, factors=factors, size_bytes=size_bytes,
+                           compute_ms=compute_ms, nic_bps=parse_rate(args.nic) / 8,
+                           uplink_bps=parse_rate(args.uplink) / 8, iterations=args.iterations,
+                           progress=lambda r: status.update(f"{r['workers']} workers, {r['strategy']}"))
+    record = {"simcheck": args.simcheck, "compare": args.compare, "calibration": calibration,
+              "compute_ms": compute_ms, "size_bytes": size_bytes, "nic": args.nic, "uplink": args.uplink,
+              "iterations": args.iterations, "factors": factors, "rows": rows}
+    _report(markdown_table(rows), record, args)
+    if args.plot:
+        plot(rows, args.plot)
     return 0
 
 

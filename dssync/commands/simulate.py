@@ -12,6 +12,7 @@ from dssync.commands._common import (
     positive_float,
     positive_int,
     rack_sizes_from_args,
+    unit_interval,
 )
 
 __all__ = ["add_parser", "run"]
@@ -32,10 +33,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scenario", default="static", choices=("static", "inter-rack", "inter-rack+nic"),
                    help="as on the emulated cluster: inter-rack puts 8 background TCP streams out of rack "
                    "0's uplink; inter-rack+nic out of worker 4's NIC and through its rack's uplink")
-    p.add_argument("--strategies", default="allreduce,hierarchical,gossip,asp,ds-sync")
+    p.add_argument("--contended-uplinks", type=unit_interval, default=0.0, metavar="F",
+                   help="besides --scenario: this fraction of the racks (spread evenly) has 8 background TCP "
+                   "streams out of its uplink")
+    p.add_argument("--strategies", default="ddp,allreduce,hierarchical,torch-hier,diloco,gossip,asp,ds-sync")
     p.add_argument("--nic", default="1gbit")
     p.add_argument("--uplink", default="1gbit")
     p.add_argument("--alpha-us", type=non_negative_float, default=50.0, help="seconds per hop, in microseconds")
+    p.add_argument("--efficiency", type=positive_float, default=1.0,
+                   help="the fraction of a link's rate one flow moves (`dssync bench simcheck` fits it)")
+    p.add_argument("--compute-ms", type=non_negative_float, default=0.0,
+                   help="compute per iteration, for the wall-time column")
     p.add_argument("--size-mb", type=positive_float, default=1.0, help="model size exchanged per iteration")
     p.add_argument("--iterations", type=positive_int, default=1000)
     p.add_argument("--json", metavar="OUT")
@@ -46,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from dssync.bench.simulate import Network, simulate
+    from dssync.bench.predict import STREAMS, contended_racks
+    from dssync.bench.simulate import STRATEGIES, Network, simulate
     from dssync.launch.emulate import parse_rate
 
     sizes = rack_sizes_from_args(args)
@@ -59,25 +68,35 @@ def run(args: argparse.Namespace) -> int:
         if sum(sizes) < 5:
             raise ValueError("inter-rack+nic needs a worker 4 (the emulated scenario's contended NIC)")
         nic_bg = {4: SCENARIO_STREAMS}
+    for r in contended_racks(len(sizes), args.contended_uplinks):
+        uplink_bg[r] = uplink_bg.get(r, 0) + STREAMS
     net = Network(tuple(sizes), nic_bps=parse_rate(args.nic) / 8, uplink_bps=parse_rate(args.uplink) / 8,
-                  alpha_s=args.alpha_us * 1e-6, uplink_out_streams=uplink_bg, nic_out_streams=nic_bg)
+                  alpha_s=args.alpha_us * 1e-6, efficiency=args.efficiency, uplink_out_streams=uplink_bg,
+                  nic_out_streams=nic_bg)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown or not strategies:
+        raise ValueError(f"unknown strategy {unknown[0] if unknown else args.strategies!r} for the simulator; "
+                         f"choose from {', '.join(STRATEGIES)}")
     t0 = time.perf_counter()
-    result = simulate(net, strategies, size_bytes=args.size_mb * 1e6, iterations=args.iterations)
+    result = simulate(net, strategies, size_bytes=args.size_mb * 1e6, iterations=args.iterations,
+                      compute_ms=args.compute_ms)
     elapsed = time.perf_counter() - t0
-    table = Table(title=f"simulated: {len(sizes)} racks, {sum(sizes)} workers, {args.scenario}, NIC {args.nic}, "
+    table = Table(title=f"simulated: {len(sizes)} racks, {sum(sizes)} workers, {args.scenario}"
+                  f"{f' + {args.contended_uplinks:.0%} of uplinks contended' if args.contended_uplinks else ''}, NIC {args.nic}, "
                   f"uplink {args.uplink}, alpha {args.alpha_us:g} us, {args.size_mb:g} MB, "
                   f"{args.iterations} iterations ({elapsed:.1f} s)")
     for col in ("strategy", "median comm ms/iter", "mean comm ms/iter", "per-rank comm ms/iter",
-                "allreduce ÷ this (median)"):
+                "wall ms/iter", "allreduce ÷ this (wall)"):
         table.add_column(col, justify="right")
-    ar = result.get("allreduce", {}).get("median_ms")
+    ar = result.get("allreduce", {}).get("wall_ms")
     for s, r in result.items():
         table.add_row(s, f"{r['median_ms']:.2f}", f"{r['mean_ms']:.2f}", f"{r['per_rank_ms']:.2f}",
-                      f"{ar / r['median_ms']:.2f}" if ar and r["median_ms"] > 0 else "n/a")
+                      f"{r['wall_ms']:.2f}", f"{ar / r['wall_ms']:.2f}" if ar and r["wall_ms"] > 0 else "n/a")
     Console().print(table)
     if args.json:
         write_json(args.json, {"rack_sizes": sizes, "scenario": args.scenario, "nic": args.nic,
-                               "uplink": args.uplink, "alpha_us": args.alpha_us, "size_mb": args.size_mb,
+                               "uplink": args.uplink, "alpha_us": args.alpha_us, "efficiency": args.efficiency,
+                               "contended_uplinks": args.contended_uplinks, "compute_ms": args.compute_ms, "size_mb": args.size_mb,
                                "iterations": args.iterations, "seconds": elapsed, "strategies": result})
     return 0

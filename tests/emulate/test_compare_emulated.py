@@ -25,10 +25,25 @@ def test_compare_runs_every_strategy_on_the_scenario_and_the_bsp_variants_agree(
 
 def test_simcheck_measures_the_shaped_network_the_simulator_models(name):
     # 2 MB over 1 Gbit/s: a pair swap needs 16 ms, so an unshaped (multi-Gbit/s) veth
-    # would measure several times faster than the simulator's bound-plus-latency figure.
-    from dssync.bench.simcheck import simcheck
+    # would measure several times faster than the simulator's bytes over the link rates.
+    from dssync.bench.simcheck import measure, network_of
+    from dssync.bench.simulate import rank_times
 
-    rows = simcheck(["inter-rack"], ["ds-sync"], model_mb=2.0, steps=12, warmup=2, name=name)
-    (row,) = rows
-    assert (row["scenario"], row["strategy"], len(row["comm_ms_samples"])) == ("inter-rack", "ds-sync", 12)
-    assert row["measured_ms"] >= 0.5 * row["predicted_ms"] > 0
+    (row,) = measure(["inter-rack"], ["ds-sync"], seeds=[0], model_mb=2.0, steps=12, warmup=2, rate_scale=1.0,
+                     name=name)
+    assert (row["scenario"], row["strategy"], len(row["wall_ms_samples"]), len(row["comm_ms_by_rank"])) == \
+        ("inter-rack", "ds-sync", 12, 8)
+    bound = 1e3 * rank_times(network_of("inter-rack"), "ds-sync", 2e6, 12)[2:].mean()
+    assert row["wall_ms"] >= row["comm_ms"] >= 0.5 * bound > 0
+
+
+def test_simcheck_calibrates_the_simulator_on_bench_allreduce(name):
+    """The world's ring, the racks' rings and cross-rack pairs, timed by ``bench allreduce``
+    on the shaped static cluster: the fitted latency and efficiency put the model within a
+    factor of 1.5 of every measured time."""
+    from dssync.bench.simcheck import calibrate
+
+    cal = calibrate(rate_scale=0.5, name=name, sizes="256K:1M", iters=2)
+    assert {s["pattern"] for s in cal["samples"]} == {"world", "racks", "pairs"} and len(cal["samples"]) == 6
+    assert 0.5 < cal["efficiency"] <= 1.2 and 0 <= cal["alpha_s"] < 5e-3
+    assert 0.67 < cal["fit_ratio_range"][0] <= cal["fit_ratio_range"][1] < 1.5

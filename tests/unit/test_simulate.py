@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from dssync.bench.simulate import Network, iteration_times, rank_times, simulate, table_ii
+from dssync.bench.simulate import Network, iteration_times, rank_times, ring_round, simulate, table_ii
 
 B = 125e6  # 1 Gbit/s in bytes/s
 S = 1e6
@@ -68,8 +68,10 @@ def test_the_simulator_models_each_emulated_scenario_with_its_background_streams
     assert quarter.uplink_out_streams == inter.uplink_out_streams
     with pytest.raises(ValueError, match="rate_scale must be positive"):
         network_of("static", alpha_s=ALPHA, rate_scale=0)
-    row = {"scenario": "static", "strategy": "gossip", "measured_ms": 10.0, "predicted_ms": 8.0, "ratio": 0.8}
-    assert markdown_table([row]).splitlines()[-1] == "| static | gossip | 10.0 | 8.0 | 0.80 |"
+    record = {"rows": [{"scenario": "static", "strategy": "gossip", "seed": s, "wall_ms": 10.0, "sim_wall_ms": 8.0,
+                        "wall_ratio": 0.8 + s / 10, "comm_ms": 5.0, "sim_comm_ms": 6.0, "comm_ratio": 1.2}
+                       for s in (0, 1)]}
+    assert markdown_table(record).splitlines()[-1] == "| static | gossip | 10.0 | 8.0 | 0.80–0.90 | 5.0 | 6.0 | 1.20–1.20 |"
 
 
 def test_the_hosting_machine_caps_a_step_by_the_veth_bytes_it_moves():
@@ -131,8 +133,130 @@ def test_lockstep_strategies_spend_the_same_time_on_every_rank():
     net = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=ALPHA, uplink_out_streams={0: 8})
     for strategy in ("allreduce", "hierarchical", "asp"):
         ranks = rank_times(net, strategy, S, 4)
-        assert ranks.shape == (4, 8) and np.all(ranks == ranks[0, 0]) and ranks[0, 0] > 0
+        assert ranks.shape == (4, 8) and ranks == pytest.approx(np.full((4, 8), ranks[0, 0])) and ranks[0, 0] > 0
     out = simulate(net, ["allreduce", "ds-sync"], size_bytes=S, iterations=12)
     assert out["allreduce"]["per_rank_ms"] == pytest.approx(out["allreduce"]["mean_ms"])
     # ds-sync's ranks spend less on average than the slowest of them each iteration.
     assert out["ds-sync"]["per_rank_ms"] < out["ds-sync"]["mean_ms"]
+
+
+def test_ddp_allreduces_its_buckets_one_after_the_other():
+    from dssync.bench.simulate import _buckets
+
+    net = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=ALPHA)
+    assert iteration_times(net, "ddp", S, 2) == pytest.approx(iteration_times(net, "allreduce", S, 2))
+    mib = 1 << 20
+    assert _buckets(60 * mib) == [mib, 25 * mib, 25 * mib, 9 * mib]
+    ring = lambda size: 2 * 7 * (ALPHA + size / 8 / B)  # noqa: E731 - the alpha-beta ring, by hand
+    assert iteration_times(net, "ddp", 60 * mib, 1)[0] == pytest.approx(ring(mib) + 2 * ring(25 * mib) + ring(9 * mib))
+
+
+def test_torch_hier_averages_the_world_at_step_0_mod_4_and_each_rack_otherwise():
+    net = Network((4, 2), nic_bps=B, uplink_bps=B, alpha_s=0.0)
+    ranks = rank_times(net, "torch-hier", S, 5)
+    world, rack4, rack2 = 2 * 5 / 6 * S / B, 2 * 3 / 4 * S / B, 2 * 1 / 2 * S / B
+    assert ranks[0] == pytest.approx(np.full(6, world))
+    # Racks run at once; the rack of two is done first and, next iteration, waits for nobody.
+    assert ranks[1] == pytest.approx([rack4] * 4 + [rack2] * 2)
+    # Iteration 4 is the world again: the rack of two, three rounds ahead, waits there.
+    assert ranks[4, 4] == pytest.approx(world + 3 * (rack4 - rack2))
+    assert ranks[4, 0] == pytest.approx(world)
+
+
+def test_diloco_allreduces_only_on_every_twentieth_iteration():
+    net = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=ALPHA)
+    times = iteration_times(net, "diloco", S, 40)
+    ring = 2 * 7 * (ALPHA + S / 8 / B)
+    assert times[[19, 39]] == pytest.approx([ring, ring])
+    assert np.count_nonzero(times) == 2
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_the_parameter_servers_closed_form_matches_every_flow_priced_one_by_one(seed):
+    """The all-to-all in closed form against ``_step_time`` over all ``n (n - 1)`` flows, on
+    random racks, rates and background streams."""
+    from dssync.bench.simulate import _all_to_all_time, _step_time
+
+    rng = np.random.default_rng(seed)
+    sizes = tuple(int(x) for x in rng.integers(1, 6, size=rng.integers(1, 5)))
+    n = sum(sizes)
+    net = Network(sizes, nic_bps=B * rng.uniform(0.2, 1), uplink_bps=B * rng.uniform(0.2, 1),
+                  alpha_s=ALPHA * rng.integers(0, 2), efficiency=rng.uniform(0.5, 1),
+                  uplink_out_streams={int(r): int(rng.integers(1, 9)) for r in rng.choice(len(sizes), rng.integers(0, 2))},
+                  nic_out_streams={int(i): int(rng.integers(1, 4)) for i in rng.choice(n, rng.integers(0, 3))},
+                  host_bps=float(rng.choice([np.inf, 0.3e9])))
+    src, dst = np.repeat(np.arange(n), n), np.tile(np.arange(n), n)
+    keep = src != dst
+    want = _step_time(net, src[keep], dst[keep], np.full(int(keep.sum()), S / n)) if n > 1 else 0.0
+    assert _all_to_all_time(net, S) == pytest.approx(want)
+
+
+def test_a_flows_efficiency_stretches_its_bytes_not_its_latency():
+    full = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=ALPHA)
+    half = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=ALPHA, efficiency=0.5)
+    assert iteration_times(half, "allreduce", S, 1)[0] == pytest.approx(2 * 7 * (ALPHA + S / 8 / (B / 2)))
+    assert iteration_times(full, "allreduce", S, 1)[0] == pytest.approx(2 * 7 * (ALPHA + S / 8 / B))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_calibration_fit_recovers_a_known_latency_and_efficiency(seed):
+    """Times made by hand from the alpha-beta ring with a chosen alpha and efficiency (and a
+    little noise) are fitted back by ``simcheck.fit``."""
+    from dssync.bench.simcheck import fit
+
+    rng = np.random.default_rng(seed)
+    alpha, eff = rng.uniform(1e-5, 2e-3), rng.uniform(0.5, 1.0)
+    net = Network((4, 4), nic_bps=B, uplink_bps=B)
+    samples = []
+    for groups in ([list(range(8))], [[0, 1, 2, 3], [4, 5, 6, 7]], [[0, 4], [1, 5]]):
+        n = max(len(g) for g in groups)
+        crossing = sum(1 for g in groups for a, b in zip(g, g[1:] + g[:1]) if (a < 4) != (b < 4))
+        share = max(1, crossing // 2) if len(groups) > 1 else 1  # pairs: flows share the uplink
+        for size in (64e3, 256e3, 1e6, 4e6):
+            t = 2 * (n - 1) * (alpha + size / n / (eff * B / share))
+            samples.append({"groups": groups, "bytes": size, "time_s": t * rng.uniform(0.99, 1.01)})
+    got = fit(samples, net)
+    assert got["alpha_s"] == pytest.approx(alpha, rel=0.1, abs=2e-5)
+    assert got["efficiency"] == pytest.approx(eff, rel=0.03)
+
+
+def test_a_flow_against_background_streams_moves_its_head_alone_and_the_rest_at_its_weighted_share():
+    w, head, k = 0.5, 200e3, 8
+    net = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=0.0, efficiency=0.9, background_weight=w,
+                  head_bytes=head, uplink_out_streams={0: k})
+    # The ring's one flow out of rack 0 per step: S/8 = 125 kB, all of it within the head.
+    assert iteration_times(net, "allreduce", S, 1)[0] == pytest.approx(14 * (S / 8) / (0.9 * B))
+    # Four cross-rack pairs: four flows enter rack 0's uplink at once and split the head.
+    from dssync.bench.simcheck import _calibration_groups
+
+    pairs = _calibration_groups([4, 4])["pairs"][0]
+    chunk, share = S / 2, head / 4
+    step = share / (0.9 * B / 4) + (chunk - share) / (0.9 * B / (4 + w * k))
+    assert ring_round(net, pairs, S) == pytest.approx(2 * step)
+    # No background: the head changes nothing.
+    clear = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=0.0, efficiency=0.9, head_bytes=head)
+    assert ring_round(clear, pairs, S) == pytest.approx(2 * chunk / (0.9 * B / 4))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_background_fit_recovers_a_known_weight_and_head(seed):
+    """Contended ring and pair times made by hand with a chosen weight and head are fitted
+    back by ``simcheck.fit_background``."""
+    from dssync.bench.simcheck import _calibration_groups, fit_background
+
+    rng = np.random.default_rng(seed)
+    w, head, eff, k = rng.uniform(0.2, 1.5), rng.uniform(20e3, 300e3), 0.9, 8
+    net = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=ALPHA, efficiency=eff, uplink_out_streams={0: k})
+    groups = _calibration_groups([4, 4])
+    samples = []
+    for size in (64e3, 256e3, 1e6, 4e6):
+        c = size / 8  # the ring: one flow out of rack 0 a step
+        h = min(c, head)
+        step = h / (eff * B) + (c - h) / (eff * B / (1 + w * k))
+        samples.append({"groups": groups["world"][0], "bytes": size, "time_s": 14 * (ALPHA + step)})
+        c, h = size / 2, min(size / 2, head / 4)  # four pairs: four flows into rack 0's uplink
+        step = h / (eff * B / 4) + (c - h) / (eff * B / (4 + w * k))
+        samples.append({"groups": groups["pairs"][0], "bytes": size, "time_s": 2 * (ALPHA + step)})
+    got = fit_background(samples, net)
+    assert got["background_weight"] == pytest.approx(w, rel=0.02)
+    assert got["head_bytes"] == pytest.approx(head, rel=0.05)
