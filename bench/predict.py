@@ -3,7 +3,8 @@
 Two measured inputs, one model:
 
 - ``dssync bench simcheck``'s record gives the simulator's calibration (per-message cost,
-  per-flow efficiency), fitted to the emulated cluster;
+  per-flow efficiency, and against background streams their weight, the head a flow moves
+  alone and the standing queue), fitted to the emulated cluster;
 - ``dssync bench compare``'s record gives each strategy's iterations to the target accuracy
   against ddp's, on the same seeds (issue 8's convergence measurements, 8 workers);
 - ``dssync simulate``'s model (``bench.simulate``) gives wall ms/iteration of each strategy on
@@ -73,8 +74,7 @@ def predict_tta(*, racks: Sequence[int], workers_per_rack: int, fractions: Seque
     rows = []
     for fraction in fractions:
         for r in racks:
-            net = Network(tuple([workers_per_rack] * r), nic_bps=nic_bps, uplink_bps=uplink_bps,
-                          alpha_s=calibration["alpha_s"], efficiency=calibration["efficiency"],
+            net = Network(tuple([workers_per_rack] * r), nic_bps=nic_bps, uplink_bps=uplink_bps, **calibration,
                           uplink_out_streams={k: STREAMS for k in contended_racks(r, fraction)})
             sim = simulate(net, strategies, size_bytes=size_bytes, iterations=iterations, compute_ms=compute_ms)
             ref = sim["ddp"]["wall_ms"] * factors["ddp"]["factor"]

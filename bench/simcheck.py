@@ -42,6 +42,7 @@ import scipy.optimize
 from dssync.bench.overlap import train_on_cluster
 from dssync.bench.simulate import STRATEGIES, Network, rank_times, ring_round, with_contention
 from dssync.launch import emulate
+from dssync.topology import Topology, Worker
 
 __all__ = ["STRATEGIES", "calibrate", "cpu_times", "fit", "markdown_table", "measure", "network_of", "predict",
            "simcheck"]
@@ -51,7 +52,7 @@ UNSHAPED_SCALE = 100.0
 
 
 def network_of(scenario: str, *, alpha_s: float = 0.0, efficiency: float = 1.0, background_weight: float = 1.0,
-               head_bytes: float = 0.0, host_bps: float = float("inf"), rate_scale: float = 1.0) -> Network:
+               local_weight: float = 1.0, head_bytes: float = 0.0, queue_s: float = 0.0, host_bps: float = float("inf"), rate_scale: float = 1.0) -> Network:
     """The simulator's model of an emulated scenario: rates (times ``rate_scale``), racks,
     background streams."""
     if not rate_scale > 0:
@@ -66,7 +67,8 @@ def network_of(scenario: str, *, alpha_s: float = 0.0, efficiency: float = 1.0, 
             nic_bg[index] = nic_bg.get(index, 0) + emulate.FLOW_STREAMS
     return Network(tuple(spec["rack_sizes"]), nic_bps=emulate.parse_rate(spec["nic"]) * rate_scale / 8,
                    uplink_bps=emulate.parse_rate(spec["uplink"]) * rate_scale / 8, alpha_s=alpha_s,
-                   efficiency=efficiency, background_weight=background_weight, head_bytes=head_bytes,
+                   efficiency=efficiency, background_weight=background_weight, local_weight=local_weight,
+                   head_bytes=head_bytes, queue_s=queue_s,
                    uplink_out_streams=uplink_bg, nic_out_streams=nic_bg, host_bps=host_bps)
 
 
@@ -85,13 +87,14 @@ def _model_bytes(model_mb: float) -> int:
 # -- 1. calibration ----------------------------------------------------------------------------
 def _calibration_groups(rack_sizes: Sequence[int]) -> dict[str, list[list[list[int]]]]:
     """The patterns the fit sees, as rounds of groups that run at once: the world's ring,
-    every rack's ring, and cross-rack pairs (rank ``i`` of rack 0 with rank ``i`` of rack 1,
-    then with rank ``i + 1``: two rounds of the same load, so the schedule mixes)."""
+    every rack's ring, cross-rack pairs (rank ``i`` of rack 0 with rank ``i`` of rack 1,
+    then with rank ``i + 1``: two rounds of the same load, so the schedule mixes), and one
+    cross-rack pair alone (the first rank of each rack, as hierarchical's leaders)."""
     racks = [list(range(sum(rack_sizes[:r]), sum(rack_sizes[: r + 1]))) for r in range(len(rack_sizes))]
     a, b = racks[0], racks[1]
     k = min(len(a), len(b))
     pairs = [[[a[i], b[i]] for i in range(k)], [[a[i], b[(i + 1) % k]] for i in range(k)]]
-    return {"world": [[list(range(sum(rack_sizes)))]], "racks": [racks], "pairs": pairs}
+    return {"world": [[list(range(sum(rack_sizes)))]], "racks": [racks], "pairs": pairs, "pair": [[[a[0], b[0]]]]}
 
 
 def _bench_patterns(name: str, tmp: Path, rack_sizes: Sequence[int], labels: Sequence[str], *, sizes: str,
@@ -109,6 +112,13 @@ def _bench_patterns(name: str, tmp: Path, rack_sizes: Sequence[int], labels: Seq
             alone = [[[x] for x in range(world) if not any(x in g for g in r)] for r in rounds]
             Schedule(world, [[*r, *rest] for r, rest in zip(rounds, alone, strict=True)]).save(groups)
             where = ["--groups", str(groups)]
+        elif label == "pair":  # one group, the others alone: racks of a topology made for it
+            topology = tmp / "pair-topology.json"
+            racks = sorted([list(rounds[0][0]), *([r] for r in range(world) if r not in rounds[0][0])], key=min)
+            rack_of = {r: i for i, g in enumerate(racks) for r in g}  # racks numbered by their lowest rank
+            workers = tuple(Worker(rank=r, host=f"w{r}", rack=rack_of[r]) for r in range(world))
+            topology.write_text(json.dumps(Topology(workers=workers).to_dict()))
+            where = ["--groups", "racks", "--topology", str(topology)]
         else:
             where = ["--groups", label, "--rack-sizes", ",".join(map(str, rack_sizes))]
         rec = emulate.run_dssync(name, ["bench", "allreduce", "--sizes", sizes, "--factor", "4", "--warmup", "3",
@@ -119,29 +129,63 @@ def _bench_patterns(name: str, tmp: Path, rack_sizes: Sequence[int], labels: Seq
 
 
 def calibrate(*, rate_scale: float, name: str = "simcal", sizes: str = "64K:4M", iters: int = 10,
-              contended_sizes: str = "64K:1M", contended_iters: int = 5, timeout_s: float = 900.0) -> dict[str, Any]:
+              contended_sizes: str = "64K:1M", contended_iters: int = 5, local_sizes: str = "64K:256K",
+              timeout_s: float = 900.0) -> dict[str, Any]:
     """The calibration patterns timed by ``bench allreduce``: on the ``static`` cluster for
     ``alpha_s`` and ``efficiency`` (``fit``), then the world's ring and the cross-rack pairs
-    on the ``inter-rack`` cluster with its background streams on, for ``background_weight``
-    and ``head_bytes`` (``fit_background``)."""
+    and one cross-rack pair on the ``inter-rack`` cluster with its background streams on,
+    for ``background_weight``, ``head_bytes`` and ``queue_s`` (``fit_background``), and the
+    world's ring and the racks' rings on the ``inter-rack+nic`` cluster, whose background
+    starts on worker 4 itself, for ``local_weight`` (``fit_local``)."""
     spec = emulate.SCENARIOS["static"]
     nic, uplink = _rates("static", rate_scale)
     with emulate.cluster(spec["rack_sizes"], nic=nic, uplink=uplink, name=name), \
             tempfile.TemporaryDirectory() as tmp:
         samples = _bench_patterns(name, Path(tmp), spec["rack_sizes"], ("world", "racks", "pairs"), sizes=sizes,
                                   iters=iters, timeout_s=timeout_s)
-    out: dict[str, Any] = {"nic": nic, "uplink": uplink, "rack_sizes": spec["rack_sizes"], "samples": samples,
-                           **fit(samples, network_of("static", rate_scale=rate_scale))}
+    out: dict[str, Any] = {"nic": nic, "uplink": uplink, "rack_sizes": spec["rack_sizes"], "samples": samples}
     busy = emulate.SCENARIOS["inter-rack"]
     with emulate.cluster(busy["rack_sizes"], nic=nic, uplink=uplink, name=name), \
             tempfile.TemporaryDirectory() as tmp:
         emulate.contend(name=name, flows=busy["flows"])
-        contended = _bench_patterns(name, Path(tmp), busy["rack_sizes"], ("world", "pairs"), sizes=contended_sizes,
+        contended = _bench_patterns(name, Path(tmp), busy["rack_sizes"], ("world", "pairs", "pair"), sizes=contended_sizes,
                                     iters=contended_iters, timeout_s=timeout_s)
-    net = network_of("inter-rack", alpha_s=out["alpha_s"], efficiency=out["efficiency"], rate_scale=rate_scale)
     out["contended_samples"] = contended
-    out.update(fit_background(contended, net))
+    local = emulate.SCENARIOS["inter-rack+nic"]
+    with emulate.cluster(local["rack_sizes"], nic=nic, uplink=uplink, name=name), \
+            tempfile.TemporaryDirectory() as tmp:
+        emulate.contend(name=name, flows=local["flows"])
+        out["local_samples"] = _bench_patterns(name, Path(tmp), local["rack_sizes"], ("world", "racks"),
+                                               sizes=local_sizes, iters=contended_iters, timeout_s=timeout_s)
+    return refit(out, rate_scale)
+
+
+def refit(calibration: dict[str, Any], rate_scale: float) -> dict[str, Any]:
+    """``calibration`` with the model's parameters fitted anew to its samples (``fit``, then
+    ``fit_background`` on the contended ones)."""
+    out = {k: v for k, v in calibration.items() if k.endswith("samples") or k in ("nic", "uplink", "rack_sizes")}
+    out.update(fit(out["samples"], network_of("static", rate_scale=rate_scale)))
+    busy = network_of("inter-rack", alpha_s=out["alpha_s"], efficiency=out["efficiency"], rate_scale=rate_scale)
+    out.update(fit_background(out["contended_samples"], busy))
+    if "local_samples" in out:
+        local = network_of("inter-rack+nic", rate_scale=rate_scale,
+                           **{k: v for k, v in out.items() if k in FITTED})
+        out.update(fit_local(out["local_samples"], local))
     return out
+
+
+def fit_local(samples: Sequence[dict[str, Any]], net: Network) -> dict[str, Any]:
+    """``local_weight`` that fits ``samples``, timed with background streams starting on a
+    worker, best in relative error, the rest of ``net`` fitted already (bounded scalar search)."""
+    t = np.asarray([s["time_s"] for s in samples])
+
+    def model(weight: float) -> np.ndarray:
+        trial = dataclasses.replace(net, local_weight=weight)
+        return np.asarray([ring_round(trial, s["groups"], s["bytes"]) for s in samples])
+    weight = float(scipy.optimize.minimize_scalar(lambda w: float(((model(w) / t - 1) ** 2).sum()),
+                                                  bounds=(0.0, 50.0), method="bounded").x)
+    predicted = model(weight)
+    return {"local_weight": weight, "local_fit_ratio_range": [float((predicted / t).min()), float((predicted / t).max())]}
 
 
 def fit(samples: Sequence[dict[str, Any]], net: Network) -> dict[str, Any]:
@@ -159,17 +203,19 @@ def fit(samples: Sequence[dict[str, Any]], net: Network) -> dict[str, Any]:
 
 
 def fit_background(samples: Sequence[dict[str, Any]], net: Network) -> dict[str, Any]:
-    """``background_weight`` and ``head_bytes`` (``bench.simulate.Network``) that fit the
-    ``samples`` timed with background streams on ``net`` (whose latency and efficiency are
-    already fitted) best in relative error (bounded least squares)."""
+    """``background_weight``, ``head_bytes`` and ``queue_s`` (``bench.simulate.Network``) that
+    fit the ``samples`` timed with background streams on ``net`` (whose latency and
+    efficiency are already fitted) best in relative error (bounded least squares)."""
     t = np.asarray([s["time_s"] for s in samples])
 
     def model(x: np.ndarray) -> np.ndarray:
-        trial = dataclasses.replace(net, background_weight=float(x[0]), head_bytes=float(x[1]) * 1e6)
+        trial = dataclasses.replace(net, background_weight=float(x[0]), head_bytes=float(x[1]) * 1e6,
+                                    queue_s=float(x[2]) * 1e-3)
         return np.asarray([ring_round(trial, s["groups"], s["bytes"]) for s in samples])
-    x = scipy.optimize.least_squares(lambda x: model(x) / t - 1, x0=[1.0, 0.05], bounds=([0.0, 0.0], [4.0, 8.0])).x
+    x = scipy.optimize.least_squares(lambda x: model(x) / t - 1, x0=[1.0, 0.05, 1.0],
+                                     bounds=([0.0, 0.0, 0.0], [4.0, 8.0, 1000.0])).x
     predicted = model(x)
-    return {"background_weight": float(x[0]), "head_bytes": float(x[1]) * 1e6,
+    return {"background_weight": float(x[0]), "head_bytes": float(x[1]) * 1e6, "queue_s": float(x[2]) * 1e-3,
             "background_fit_ratio_range": [float((predicted / t).min()), float((predicted / t).max())]}
 
 
@@ -232,9 +278,20 @@ def measure(scenarios: Sequence[str], strategies: Sequence[str], *, seeds: Seque
                 emulate.contend(name=name, flows=spec["flows"])
             for seed in seeds:
                 for strategy in strategies:
-                    row = _job(name, Path(tmp), scenario, strategy, seed=seed, model_mb=model_mb, steps=steps,
-                               warmup=warmup, timeout_s=timeout_s, topo=topo)
-                    row.update(nic=nic, uplink=uplink, rate_scale=rate_scale)
+                    restarted = 0
+                    for _attempt in range(3):  # a job during which a background flow ended is run again
+                        row = _job(name, Path(tmp), scenario, strategy, seed=seed, model_mb=model_mb, steps=steps,
+                                   warmup=warmup, timeout_s=timeout_s, topo=topo)
+                        dead = emulate.dead_flows(name)
+                        if not dead:
+                            break
+                        emulate.contend(name=name, clear=True)
+                        emulate.contend(name=name, flows=spec["flows"])
+                        restarted += 1
+                    else:
+                        raise emulate.EmulationError(f"background flows {', '.join(dead)} ended during three "
+                                                     f"runs of {strategy} on {scenario}")
+                    row.update(nic=nic, uplink=uplink, rate_scale=rate_scale, background_restarted=restarted)
                     rows.append(row)
                     if progress is not None:
                         progress(row)
@@ -243,7 +300,8 @@ def measure(scenarios: Sequence[str], strategies: Sequence[str], *, seeds: Seque
 
 # -- the model beside the measurements ----------------------------------------------------------
 #: The model's parameters that a calibration fits, and their values without one.
-FITTED = {"alpha_s": 0.0, "efficiency": 1.0, "background_weight": 1.0, "head_bytes": 0.0}
+FITTED = {"alpha_s": 0.0, "efficiency": 1.0, "background_weight": 1.0, "local_weight": 1.0, "head_bytes": 0.0,
+          "queue_s": 0.0}
 
 
 def _fitted(calibration: dict[str, Any]) -> dict[str, float]:
@@ -252,9 +310,11 @@ def _fitted(calibration: dict[str, Any]) -> dict[str, float]:
 
 def predict(record: dict[str, Any]) -> list[dict[str, Any]]:
     """Simulated ÷ measured per (scenario, strategy, seed) of a simcheck ``record``: the
-    calibration's alpha and efficiency, each strategy's compute time from the CPU-share runs,
-    the same racks, rates, streams, bytes and iteration window."""
-    cal, size, rate_scale = record["calibration"], record["model_bytes"], record["rate_scale"]
+    model fitted to the record's calibration samples (``refit``, which updates
+    ``record["calibration"]``), each strategy's compute time from the CPU-share runs, the
+    same racks, rates, streams, bytes and iteration window."""
+    size, rate_scale = record["model_bytes"], record["rate_scale"]
+    cal = record["calibration"] = refit(record["calibration"], rate_scale)
     compute = {r["strategy"]: r["compute_ms"] for r in record["cpu"]}
     cache: dict[tuple[str, str], tuple[float, float]] = {}
     out = []

@@ -13,24 +13,28 @@ a link's bytes per second):
   server: every worker sends and receives ``S/N`` to and from every shard). In a step, all
   flows of all groups that run at once share the links they cross: a worker's NIC (each
   direction) and its rack's uplink (each direction). A link of capacity ``B`` carrying ``f``
-  of the job's flows and ``k`` background TCP streams gives each job flow ``B / (f + k)``
-  (TCP's per-stream share, as on the emulated cluster); a step lasts ``alpha`` plus the
-  slowest flow's bytes over its rate, and a group's collective the sum of its steps. Each
-  rank keeps its own clock (``rank_times``): a collective of the whole world lines them up,
-  but a ds-sync group starts when its last member arrives and a gossip transfer when both
-  of its ends have, so a rank that left a fast group waits, next iteration, for a peer
-  still in a slow one. An iteration's figure is DESIGN section 7's, the longest any rank
-  spent, waits included.
+  of the job's flows gives each ``efficiency * B / f``; with ``k`` background TCP streams
+  on it too, a flow first waits ``queue_s`` (the queue the streams keep full), moves its
+  share of ``head_bytes`` at that rate, then the rest at ``efficiency * B / (f + w k)``
+  (``w``, ``background_weight``, is 1 for TCP's per-stream share); ``dssync bench
+  simcheck`` fits all of these on the emulated cluster. A step lasts ``alpha`` plus its
+  slowest flow, and a group's collective the sum of its steps. Each rank keeps its own
+  clock (``rank_times``): a collective of the whole world lines them up, but a ds-sync group
+  starts when its last member arrives and a gossip transfer when both of its ends have, so
+  a rank that left a fast group waits, next iteration, for a peer still in a slow one. A
+  gossip transfer sharing its link with ``f - 1`` others ends at ``2 j / (f + 1)`` of the
+  fair time, ``j`` its place in a random order (``_gossip_finish``). An iteration's figure
+  is DESIGN section 7's, the longest any rank spent, waits included.
 
-On the emulated cluster one more resource is shared: the machine itself, whose cores move
-every byte through each veth it crosses (a flow inside a rack crosses two, a flow between
-racks four). ``Network.host_bps`` caps those veth-bytes per second; a step then lasts at
-least its veth-bytes over the cap. It is infinite for a real cluster and measured for the
-emulated one (``dssync bench simcheck`` runs one iperf3 flow out of every worker at once).
+On an emulated cluster one more resource can be shared: the machine itself, whose cores
+move every byte through each veth it crosses (a flow inside a rack crosses two, a flow
+between racks four). ``Network.host_bps`` caps those veth-bytes per second; a step then
+lasts at least its veth-bytes over the cap. It is infinite for a real cluster, and for the
+emulated one at the rates ``dssync bench simcheck`` validates at.
 
 Steps of one pattern repeat (every ring step moves the same bytes over the same links), so
 each distinct round's durations are computed once, with numpy over all flows, and the
-clocks advance by them; 1000 iterations of 4096 workers take seconds.
+clocks advance by them; 1000 iterations of 16,384 workers take seconds for every strategy.
 """
 
 from __future__ import annotations
@@ -65,11 +69,17 @@ class Network:
     background_weight: float = 1.0
     """What one background TCP stream counts for against one of the job's flows on a shared
     link, once that flow's first ``head_bytes`` are through (1: TCP's per-stream share)."""
+    local_weight: float = 1.0
+    """``background_weight`` for streams that start on the worker itself (``nic_out_streams``)
+    at its NIC: they and the job's flow queue in the same host's qdisc, not in a switch's."""
     head_bytes: float = 0.0
     """Bytes a link shared with background streams lets the job's flows through at the
     rate they would have alone, split among the job's flows that enter it at once: a
     collective's flow finds its window open and puts it into the link's queue in one burst,
     ahead of the background's packets. Fitted by ``dssync bench simcheck``."""
+    queue_s: float = 0.0
+    """Seconds a flow waits in the queue that background streams keep full on a link they
+    share with it (a drop-tail buffer under TCP stays full). Fitted by ``dssync bench simcheck``."""
     uplink_out_streams: dict[int, int] = field(default_factory=dict)
     """Background streams leaving rack r through its uplink."""
     nic_out_streams: dict[int, int] = field(default_factory=dict)
@@ -163,21 +173,24 @@ def _per_flow_times(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.n
         bg_up[r] += k
     rates = []  # (rate alone, rate with the background, job flows on the link) per link a flow crosses
     for bg in (0, 1):
-        rate = np.minimum(_share(net, net.nic_bps, nic_out[src], bg * bg_nic[src]), net.nic_bps / nic_in[dst])
+        rate = np.minimum(_share(net.nic_bps, nic_out[src], bg * net.local_weight * bg_nic[src]),
+                          net.nic_bps / nic_in[dst])
         rate[cross] = np.minimum(rate[cross], np.minimum(
-            _share(net, net.uplink_bps, up_out[rs[cross]], bg * bg_up[rs[cross]]), net.uplink_bps / up_in[rd[cross]]))
+            _share(net.uplink_bps, up_out[rs[cross]], bg * net.background_weight * bg_up[rs[cross]]),
+            net.uplink_bps / up_in[rd[cross]]))
         rates.append(net.efficiency * rate)
     alone, shared = rates
     busy = shared < alone  # flows whose slowest link carries background streams
     flows = np.where(cross & (bg_up[rs] > 0), up_out[rs], nic_out[src])  # job flows entering that link
     head = np.where(busy, np.minimum(nbytes, net.head_bytes / np.maximum(flows, 1)), 0.0)
-    return head / alone + (nbytes - head) / shared
+    return np.where(busy, net.queue_s, 0.0) + head / alone + (nbytes - head) / shared
 
 
-def _share(net: Network, bps: float, flows: np.ndarray | float, background: np.ndarray | float) -> np.ndarray | float:
-    """One of the job's ``flows`` on a link of ``bps`` that ``background`` TCP streams also
-    cross: its share once the background has its weight (``Network.background_weight``)."""
-    return bps / (flows + net.background_weight * background)
+def _share(bps: float, flows: np.ndarray | float, background: np.ndarray | float) -> np.ndarray | float:
+    """One of the job's ``flows`` on a link of ``bps`` that background streams of weight
+    ``background`` (their number times ``Network.background_weight`` or ``local_weight``)
+    also cross."""
+    return bps / (flows + background)
 
 
 def _reduce_time(net: Network, groups: Sequence[Sequence[int]], size_bytes: float) -> float:
@@ -301,6 +314,8 @@ def _buckets(size_bytes: float) -> list[float]:
 
 
 def _gossip_rounds(net: Network, size_bytes: float) -> list[Any]:
+    """Per offset ``2^k``: every rank's peers, its transfer's time under fair sharing, and the
+    link that binds the transfer with the number of the job's flows on it."""
     n = net.world_size
     ranks = np.arange(n)
     rounds: list[Any] = []
@@ -311,16 +326,41 @@ def _gossip_rounds(net: Network, size_bytes: float) -> list[Any]:
         dst = np.array([gossip_peers(r, n, k)[0] for r in ranks], dtype=int)
         src = np.array([gossip_peers(r, n, k)[1] for r in ranks], dtype=int)
         sizes = np.full(n, size_bytes)
-        flow = net.alpha_s + np.maximum(_per_flow_times(net, ranks, dst, sizes), _host_time(net, ranks, dst, sizes))
-        rounds.append((dst, src, flow))
+        flow = np.maximum(_per_flow_times(net, ranks, dst, sizes), _host_time(net, ranks, dst, sizes))
+        link, sharing = _binding_links(net, ranks, dst)
+        rounds.append((dst, src, flow, link, sharing, np.random.default_rng(k), net.alpha_s))
     return rounds
+
+
+def _binding_links(net: Network, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each flow, the link with the smallest share (an id: NIC out, NIC in, uplink out,
+    uplink in) and how many of these flows cross it."""
+    n, racks = net.world_size, net.rack_of()
+    rs, rd = racks[src], racks[dst]
+    cross = rs != rd
+    ids = np.stack([src, n + dst, np.where(cross, 2 * n + rs, -1), np.where(cross, 2 * n + len(net.rack_sizes) + rd, -1)])
+    count = np.bincount(ids[ids >= 0], minlength=2 * n + 2 * len(net.rack_sizes)).astype(float)
+    bg = np.zeros(count.size)
+    for i, k in net.nic_out_streams.items():
+        bg[i] += k
+        if net.nic_crosses_uplink:
+            bg[2 * n + racks[i]] += k
+    for r, k in net.uplink_out_streams.items():
+        bg[2 * n + r] += k
+    caps = np.concatenate([np.full(2 * n, net.nic_bps), np.full(2 * len(net.rack_sizes), net.uplink_bps)])
+    weight = np.concatenate([np.full(n, net.local_weight), np.full(n, 0.0), np.full(2 * len(net.rack_sizes),
+                                                                                  net.background_weight)])
+    share = np.where(ids >= 0, caps[ids] / (count[ids] + weight[ids] * bg[ids]), np.inf)
+    link = ids[np.argmin(share, axis=0), np.arange(src.size)]
+    return link, count[link]
 
 
 def _all_to_all_time(net: Network, size_bytes: float) -> float:
     """Seconds for every worker to send ``size_bytes / n`` to every other worker at once (one
     direction of the parameter server's exchange), in closed form: a NIC carries ``n - 1`` of
     the job's flows each way, rack ``r``'s uplink ``G_r (n - G_r)``, and the slowest flow sits
-    on the link with the smallest share."""
+    on the link with the smallest share (with background streams: behind their queue, its
+    head alone, the rest at its weighted share)."""
     n = net.world_size
     if n < 2:
         return 0.0
@@ -333,14 +373,18 @@ def _all_to_all_time(net: Network, size_bytes: float) -> float:
             bg_up[racks[i]] += k
     for r, k in net.uplink_out_streams.items():
         bg_up[r] += k
-    rate = min(float(np.min(_share(net, net.nic_bps, n - 1, bg_nic))), float(_share(net, net.nic_bps, n - 1, 0)))
     crossing = sizes * (n - sizes)
-    if crossing.max() > 0:
-        live = crossing > 0
-        rate = min(rate, float(np.min(_share(net, net.uplink_bps, crossing[live], bg_up[live]))),
-                   float(np.min(_share(net, net.uplink_bps, crossing[live], 0))))
+    live = crossing > 0
     share = size_bytes / n
+    # the slowest flow on a link without background streams ...
+    rate = min(net.nic_bps / (n - 1), float((net.uplink_bps / crossing[live]).min()) if live.any() else np.inf)
     seconds = share / (net.efficiency * rate)
+    # ... and on each link with them (a NIC, an uplink), as _per_flow_times prices it
+    for bps, flows, k in [(net.nic_bps, n - 1, net.local_weight * b) for b in bg_nic[bg_nic > 0]] + \
+            [(net.uplink_bps, c, net.background_weight * b) for c, b in zip(crossing[live], bg_up[live], strict=True)
+             if b > 0]:
+        head = min(share, net.head_bytes / flows)
+        seconds = max(seconds, net.queue_s + (head * flows + (share - head) * (flows + k)) / (net.efficiency * bps))
     if np.isfinite(net.host_bps):
         intra = float((sizes * (sizes - 1)).sum())
         veth_bytes = share * (2 * intra + 4 * (n * (n - 1) - intra))
@@ -357,10 +401,21 @@ def _group_finish(clock: np.ndarray, members: np.ndarray, offsets: np.ndarray, d
     return finish
 
 
-def _gossip_finish(clock: np.ndarray, dst: np.ndarray, src: np.ndarray, flow: np.ndarray) -> np.ndarray:
+def _gossip_finish(clock: np.ndarray, dst: np.ndarray, src: np.ndarray, flow: np.ndarray, link: np.ndarray,
+                   sharing: np.ndarray, rng: np.random.Generator, alpha_s: float) -> np.ndarray:
     """When each rank is done: its send to ``dst`` and its receive from ``src`` both ended;
-    a transfer starts when both of its ends are there."""
-    sent = np.maximum(clock, clock[dst]) + flow
+    a transfer starts when both of its ends are there. The ``f`` transfers that share their
+    binding link do not end together, as fair sharing would have them: TCP flows through one
+    drop-tail queue end one after another, in an order that changes from round to round (a
+    random one here), the ``j``-th of them after ``2 j / (f + 1)`` of the fair time, so that
+    they take the fair time on average and the last one ``2 f / (f + 1)`` of it (what gossip's
+    exchanges on the emulated cluster show, bench/README.md)."""
+    key = rng.random(link.size)
+    order = np.lexsort((key, link))
+    first = np.r_[0, np.flatnonzero(np.diff(link[order])) + 1]
+    position = np.empty(link.size)
+    position[order] = np.arange(link.size) - np.repeat(first, np.diff(np.r_[first, link.size]))
+    sent = np.maximum(clock, clock[dst]) + alpha_s + flow * 2 * (position + 1) / (sharing + 1)
     return np.maximum(sent, sent[src])
 
 

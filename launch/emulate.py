@@ -54,6 +54,7 @@ __all__ = [
     "check_support",
     "cluster",
     "contend",
+    "dead_flows",
     "down",
     "format_rate",
     "leftovers",
@@ -559,6 +560,21 @@ def _start_flow(c: Cluster, kind: str, index: int, streams: int) -> dict:
                                  f"{client.stderr.read().decode().strip()}")
     return {"kind": kind, "index": index, "streams": streams, "port": port,
             "pids": [server.pid, client.pid]}
+
+
+def dead_flows(name: str = DEFAULT_NAME) -> list[str]:
+    """The background flows of cluster ``name`` whose iperf3 client or server is no longer
+    running (``kind:index``): a benchmark checks this between jobs, so that a job measured
+    after a flow ended is not reported as contended."""
+    return [f"{f['kind']}:{f['index']}" for f in load_state(name).flows if not all(_running(p) for p in f["pids"])]
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
 
 
 def _kill_flow(flow: dict) -> None:

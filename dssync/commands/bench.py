@@ -128,8 +128,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--contended", default="0,0.25", metavar="F,F,...",
                    help="fractions of the uplinks with 8 background streams, one panel each")
     d.add_argument("--strategies", default=",".join(SIMCHECK_STRATEGIES), metavar="A,B,...")
-    d.add_argument("--nic", default="1gbit")
-    d.add_argument("--uplink", default="1gbit")
+    d.add_argument("--nic", default=None, help="worker NIC rate (default: the calibrated cluster's, whose queue "
+                   "and TCP behaviour the fitted parameters describe)")
+    d.add_argument("--uplink", default=None, help="rack uplink rate (default: the calibrated cluster's)")
     d.add_argument("--iterations", type=positive_int, default=200, help="simulated iterations per point")
     d.add_argument("--json", metavar="OUT")
     d.add_argument("--markdown", metavar="OUT")
@@ -487,6 +488,7 @@ def run_predict(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from dssync.bench.predict import iterations_factors, markdown_table, plot, predict_tta
+    from dssync.bench.simcheck import FITTED
     from dssync.launch.emulate import parse_rate
 
     def read(path: str, what: str) -> object:
@@ -496,7 +498,8 @@ def run_predict(args: argparse.Namespace) -> int:
             raise ValueError(f"--{what} {path}: {exc}") from None
     sim, records = read(args.simcheck, "simcheck"), read(args.compare, "compare")
     try:
-        calibration = {k: float(sim["calibration"][k]) for k in ("alpha_s", "efficiency")}
+        calibration = {k: float(sim["calibration"][k]) for k in FITTED}
+        nic, uplink = args.nic or sim["calibration"]["nic"], args.uplink or sim["calibration"]["uplink"]
         factors = iterations_factors(records)
         ddp = [r for r in records if r["strategy"] == "ddp"]
         compute_ms = statistics.median(r["wall_ms_per_iter"] - r["per_rank_comm_ms_per_iter"] for r in ddp)
@@ -517,11 +520,11 @@ def run_predict(args: argparse.Namespace) -> int:
     with console.status("simulating") as status:
         rows = predict_tta(racks=args.racks, workers_per_rack=args.workers_per_rack, fractions=fractions,
                            strategies=strategies, calibration=calibration, factors=factors, size_bytes=size_bytes,
-                           compute_ms=compute_ms, nic_bps=parse_rate(args.nic) / 8,
-                           uplink_bps=parse_rate(args.uplink) / 8, iterations=args.iterations,
+                           compute_ms=compute_ms, nic_bps=parse_rate(nic) / 8,
+                           uplink_bps=parse_rate(uplink) / 8, iterations=args.iterations,
                            progress=lambda r: status.update(f"{r['workers']} workers, {r['strategy']}"))
     record = {"simcheck": args.simcheck, "compare": args.compare, "calibration": calibration,
-              "compute_ms": compute_ms, "size_bytes": size_bytes, "nic": args.nic, "uplink": args.uplink,
+              "compute_ms": compute_ms, "size_bytes": size_bytes, "nic": nic, "uplink": uplink,
               "iterations": args.iterations, "factors": factors, "rows": rows}
     _report(markdown_table(rows), record, args)
     if args.plot:

@@ -40,10 +40,18 @@ def test_simcheck_measures_the_shaped_network_the_simulator_models(name):
 def test_simcheck_calibrates_the_simulator_on_bench_allreduce(name):
     """The world's ring, the racks' rings and cross-rack pairs, timed by ``bench allreduce``
     on the shaped static cluster: the fitted latency and efficiency put the model within a
-    factor of 1.5 of every measured time."""
+    factor of 1.5 of every measured time. Against the inter-rack background the ring, the
+    pairs and one pair are timed too, and against a worker's own background the ring and the
+    racks: both fits are no worse than a factor of 2."""
     from dssync.bench.simcheck import calibrate
 
-    cal = calibrate(rate_scale=0.5, name=name, sizes="256K:1M", iters=2)
+    cal = calibrate(rate_scale=0.5, name=name, sizes="256K:1M", iters=2, contended_sizes="256K:1M",
+                    contended_iters=2)
     assert {s["pattern"] for s in cal["samples"]} == {"world", "racks", "pairs"} and len(cal["samples"]) == 6
+    assert {s["pattern"] for s in cal["contended_samples"]} == {"world", "pairs", "pair"}
+    assert len(cal["contended_samples"]) == 6
     assert 0.5 < cal["efficiency"] <= 1.2 and 0 <= cal["alpha_s"] < 5e-3
     assert 0.67 < cal["fit_ratio_range"][0] <= cal["fit_ratio_range"][1] < 1.5
+    assert 0.5 < cal["background_fit_ratio_range"][0] <= cal["background_fit_ratio_range"][1] < 2
+    assert {s["pattern"] for s in cal["local_samples"]} == {"world", "racks"} and cal["local_weight"] > 0
+    assert 0.5 < cal["local_fit_ratio_range"][0] <= cal["local_fit_ratio_range"][1] < 2

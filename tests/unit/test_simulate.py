@@ -28,10 +28,12 @@ def test_background_streams_take_their_tcp_share_of_the_uplink():
 
 def test_gossip_cycles_through_the_exponential_graph_and_pays_for_shared_uplinks():
     net = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=ALPHA)
-    times = iteration_times(net, "gossip", S, 6)
-    # Offsets 1, 2, 4 send 1, 2 and 4 flows out of each rack through its uplink.
-    assert times == pytest.approx([ALPHA + S / B, ALPHA + S / (B / 2), ALPHA + S / (B / 4)] * 2)
-
+    times = iteration_times(net, "gossip", S, 3)
+    # Offsets 1 and 2 send 1 and 2 flows out of each rack through its uplink: the first round
+    # is one transfer's time, the second ends with the later of two sharing an uplink (4/3 of
+    # their fair time). Offset 4's four flows end by 8/5 of theirs after the latest start.
+    assert times[:2] == pytest.approx([ALPHA + S / B, ALPHA + 4 / 3 * 2 * S / B])
+    assert times[2] <= 4 / 3 * 2 * S / B + 2 * ALPHA + 8 / 5 * 4 * S / B
 
 def test_ds_sync_rounds_respect_the_lower_bound_and_beat_allreduce_under_contention():
     net = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=0.0, uplink_out_streams={0: 8})
@@ -221,20 +223,21 @@ def test_the_calibration_fit_recovers_a_known_latency_and_efficiency(seed):
 
 
 def test_a_flow_against_background_streams_moves_its_head_alone_and_the_rest_at_its_weighted_share():
-    w, head, k = 0.5, 200e3, 8
+    w, head, k, queue = 0.5, 200e3, 8, 0.004
     net = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=0.0, efficiency=0.9, background_weight=w,
-                  head_bytes=head, uplink_out_streams={0: k})
-    # The ring's one flow out of rack 0 per step: S/8 = 125 kB, all of it within the head.
-    assert iteration_times(net, "allreduce", S, 1)[0] == pytest.approx(14 * (S / 8) / (0.9 * B))
+                  head_bytes=head, queue_s=queue, uplink_out_streams={0: k})
+    # The ring's one flow out of rack 0 per step: S/8 = 125 kB, all of it within the head,
+    # behind the queue the background keeps.
+    assert iteration_times(net, "allreduce", S, 1)[0] == pytest.approx(14 * (queue + (S / 8) / (0.9 * B)))
     # Four cross-rack pairs: four flows enter rack 0's uplink at once and split the head.
     from dssync.bench.simcheck import _calibration_groups
 
     pairs = _calibration_groups([4, 4])["pairs"][0]
     chunk, share = S / 2, head / 4
-    step = share / (0.9 * B / 4) + (chunk - share) / (0.9 * B / (4 + w * k))
+    step = queue + share / (0.9 * B / 4) + (chunk - share) / (0.9 * B / (4 + w * k))
     assert ring_round(net, pairs, S) == pytest.approx(2 * step)
     # No background: the head changes nothing.
-    clear = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=0.0, efficiency=0.9, head_bytes=head)
+    clear = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=0.0, efficiency=0.9, head_bytes=head, queue_s=queue)
     assert ring_round(clear, pairs, S) == pytest.approx(2 * chunk / (0.9 * B / 4))
 
 
@@ -245,18 +248,46 @@ def test_the_background_fit_recovers_a_known_weight_and_head(seed):
     from dssync.bench.simcheck import _calibration_groups, fit_background
 
     rng = np.random.default_rng(seed)
-    w, head, eff, k = rng.uniform(0.2, 1.5), rng.uniform(20e3, 300e3), 0.9, 8
+    w, head, eff, k, queue = rng.uniform(0.2, 1.5), rng.uniform(20e3, 300e3), 0.9, 8, rng.uniform(0, 0.02)
     net = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=ALPHA, efficiency=eff, uplink_out_streams={0: k})
     groups = _calibration_groups([4, 4])
     samples = []
     for size in (64e3, 256e3, 1e6, 4e6):
         c = size / 8  # the ring: one flow out of rack 0 a step
         h = min(c, head)
-        step = h / (eff * B) + (c - h) / (eff * B / (1 + w * k))
+        step = queue + h / (eff * B) + (c - h) / (eff * B / (1 + w * k))
         samples.append({"groups": groups["world"][0], "bytes": size, "time_s": 14 * (ALPHA + step)})
         c, h = size / 2, min(size / 2, head / 4)  # four pairs: four flows into rack 0's uplink
-        step = h / (eff * B / 4) + (c - h) / (eff * B / (4 + w * k))
+        step = queue + h / (eff * B / 4) + (c - h) / (eff * B / (4 + w * k))
         samples.append({"groups": groups["pairs"][0], "bytes": size, "time_s": 2 * (ALPHA + step)})
     got = fit_background(samples, net)
     assert got["background_weight"] == pytest.approx(w, rel=0.02)
     assert got["head_bytes"] == pytest.approx(head, rel=0.05)
+    assert got["queue_s"] == pytest.approx(queue, abs=2e-4)
+
+
+def test_gossip_transfers_sharing_a_link_end_one_after_another_around_the_fair_time():
+    """Racks of 2 and 2, offset 2: 0 <-> 2 and 1 <-> 3, two transfers out of each rack through
+    its uplink. Fair sharing would end all four at F = 2 S / B; on one link the first ends
+    at 2/3 F and the second at 4/3 F, so a pair ends at one of those and one pair at 4/3 F."""
+    net = Network((2, 2), nic_bps=B, uplink_bps=B, alpha_s=0.0)
+    fair = 2 * S / B
+    for _ in range(3):
+        second = rank_times(net, "gossip", S, 2)[1]  # iteration 0 (offset 1) ends on every rank at S / B
+        assert all(any(t == pytest.approx(f * fair) for f in (2 / 3, 4 / 3)) for t in second), second
+        assert second.max() == pytest.approx(4 / 3 * fair)
+        assert second[0] == pytest.approx(second[2]) and second[1] == pytest.approx(second[3])
+
+
+@pytest.mark.parametrize("weight", [0.5, 3.0, 12.0])
+def test_the_local_fit_recovers_the_weight_of_streams_that_start_on_the_worker(weight):
+    """The rack of five's ring passes worker 4's NIC, out of which 8 streams of its own
+    leave: each step's flow 4 -> 0 moves S/5 at B / (1 + weight * 8), by hand."""
+    from dssync.bench.simcheck import fit_local
+
+    net = Network((5, 3), nic_bps=B, uplink_bps=B, alpha_s=ALPHA, nic_out_streams={4: 8}, nic_crosses_uplink=False)
+    samples = [{"groups": [[0, 1, 2, 3, 4]], "bytes": size, "time_s": 8 * (ALPHA + size / 5 / (B / (1 + weight * 8)))}
+               for size in (64e3, 256e3, 1e6)]
+    got = fit_local(samples, net)
+    assert got["local_weight"] == pytest.approx(weight, rel=1e-3)
+    assert got["local_fit_ratio_range"] == pytest.approx([1.0, 1.0], rel=1e-3)
