@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Callable
 
 from dssync._jsonfile import check_writable, write_json
+from dssync.bench.simulate import STRATEGIES as SIMCHECK_STRATEGIES
 from dssync.commands._common import (
     add_topology_options,
     fraction,
@@ -17,7 +18,6 @@ from dssync.commands._common import (
     topology_from_args,
     unit_interval,
 )
-from dssync.bench.simulate import STRATEGIES as SIMCHECK_STRATEGIES
 from dssync.launch import from_environ, run_ranks
 from dssync.train import LR_SCHEDULES
 

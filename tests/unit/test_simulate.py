@@ -3,7 +3,14 @@
 import numpy as np
 import pytest
 
-from dssync.bench.simulate import Network, iteration_times, rank_times, ring_round, simulate, table_ii
+from dssync.bench.simulate import (
+    Network,
+    iteration_times,
+    rank_times,
+    ring_round,
+    simulate,
+    table_ii,
+)
 
 B = 125e6  # 1 Gbit/s in bytes/s
 S = 1e6
@@ -212,7 +219,7 @@ def test_the_calibration_fit_recovers_a_known_latency_and_efficiency(seed):
     samples = []
     for groups in ([list(range(8))], [[0, 1, 2, 3], [4, 5, 6, 7]], [[0, 4], [1, 5]]):
         n = max(len(g) for g in groups)
-        crossing = sum(1 for g in groups for a, b in zip(g, g[1:] + g[:1]) if (a < 4) != (b < 4))
+        crossing = sum(1 for g in groups for a, b in zip(g, g[1:] + g[:1], strict=True) if (a < 4) != (b < 4))
         share = max(1, crossing // 2) if len(groups) > 1 else 1  # pairs: flows share the uplink
         for size in (64e3, 256e3, 1e6, 4e6):
             t = 2 * (n - 1) * (alpha + size / n / (eff * B / share))
