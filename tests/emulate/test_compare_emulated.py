@@ -46,7 +46,7 @@ def test_simcheck_calibrates_the_simulator_on_bench_allreduce(name):
     that they were fitted is checked here."""
     from dssync.bench.simcheck import calibrate
 
-    cal = calibrate(rate_scale=0.5, name=name, sizes="256K:1M", iters=2, contended_sizes="256K:1M",
+    cal = calibrate(rate_scale=0.05, name=name, sizes="256K:1M", iters=2, contended_sizes="256K:1M",
                     contended_iters=1, local_sizes="256K")
     assert {s["pattern"] for s in cal["samples"]} == {"world", "racks", "pairs"} and len(cal["samples"]) == 6
     assert {s["pattern"] for s in cal["contended_samples"]} == {"world", "pairs", "pair"}
