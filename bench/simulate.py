@@ -164,13 +164,7 @@ def _per_flow_times(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.n
     nic_in = np.bincount(dst, minlength=n).astype(float)
     up_out = np.bincount(rs[cross], minlength=num_racks).astype(float)
     up_in = np.bincount(rd[cross], minlength=num_racks).astype(float)
-    bg_nic, bg_up = np.zeros(n), np.zeros(num_racks)
-    for i, k in net.nic_out_streams.items():
-        bg_nic[i] += k
-        if net.nic_crosses_uplink:
-            bg_up[racks[i]] += k
-    for r, k in net.uplink_out_streams.items():
-        bg_up[r] += k
+    bg_nic, bg_up = _background(net)
     rates = []  # (rate alone, rate with the background, job flows on the link) per link a flow crosses
     for bg in (0, 1):
         rate = np.minimum(_share(net.nic_bps, nic_out[src], bg * net.local_weight * bg_nic[src]),
@@ -184,6 +178,20 @@ def _per_flow_times(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.n
     flows = np.where(cross & (bg_up[rs] > 0), up_out[rs], nic_out[src])  # job flows entering that link
     head = np.where(busy, np.minimum(nbytes, net.head_bytes / np.maximum(flows, 1)), 0.0)
     return np.where(busy, net.queue_s, 0.0) + head / alone + (nbytes - head) / shared
+
+
+def _background(net: Network) -> tuple[np.ndarray, np.ndarray]:
+    """Background streams leaving each worker's NIC and each rack's uplink (a NIC's streams
+    cross its rack's uplink too, with ``nic_crosses_uplink``)."""
+    racks = net.rack_of()
+    bg_nic, bg_up = np.zeros(net.world_size), np.zeros(len(net.rack_sizes))
+    for i, k in net.nic_out_streams.items():
+        bg_nic[i] += k
+        if net.nic_crosses_uplink:
+            bg_up[racks[i]] += k
+    for r, k in net.uplink_out_streams.items():
+        bg_up[r] += k
+    return bg_nic, bg_up
 
 
 def _share(bps: float, flows: np.ndarray | float, background: np.ndarray | float) -> np.ndarray | float:
@@ -340,13 +348,8 @@ def _binding_links(net: Network, src: np.ndarray, dst: np.ndarray) -> tuple[np.n
     cross = rs != rd
     ids = np.stack([src, n + dst, np.where(cross, 2 * n + rs, -1), np.where(cross, 2 * n + len(net.rack_sizes) + rd, -1)])
     count = np.bincount(ids[ids >= 0], minlength=2 * n + 2 * len(net.rack_sizes)).astype(float)
-    bg = np.zeros(count.size)
-    for i, k in net.nic_out_streams.items():
-        bg[i] += k
-        if net.nic_crosses_uplink:
-            bg[2 * n + racks[i]] += k
-    for r, k in net.uplink_out_streams.items():
-        bg[2 * n + r] += k
+    bg_nic, bg_up = _background(net)
+    bg = np.concatenate([bg_nic, np.zeros(n), bg_up, np.zeros(len(net.rack_sizes))])
     caps = np.concatenate([np.full(2 * n, net.nic_bps), np.full(2 * len(net.rack_sizes), net.uplink_bps)])
     weight = np.concatenate([np.full(n, net.local_weight), np.full(n, 0.0), np.full(2 * len(net.rack_sizes),
                                                                                   net.background_weight)])
@@ -365,14 +368,7 @@ def _all_to_all_time(net: Network, size_bytes: float) -> float:
     if n < 2:
         return 0.0
     sizes = np.asarray(net.rack_sizes, dtype=float)
-    racks = net.rack_of()
-    bg_nic, bg_up = np.zeros(n), np.zeros(len(sizes))
-    for i, k in net.nic_out_streams.items():
-        bg_nic[i] += k
-        if net.nic_crosses_uplink:
-            bg_up[racks[i]] += k
-    for r, k in net.uplink_out_streams.items():
-        bg_up[r] += k
+    bg_nic, bg_up = _background(net)
     crossing = sizes * (n - sizes)
     live = crossing > 0
     share = size_bytes / n
