@@ -763,11 +763,15 @@ def _nic_estimates(bw: np.ndarray, hosts: Sequence[str] | None, queued: Sequence
     measures the CPU) and are left out; a rank with none off its host either way is not judged.
 
     A ``queued`` rank with two rack-mates or more (``racks``) counts, in its loaded direction
-    (``_loaded``), the median of its flows with them, not its best flow: a rack-mate's flow
-    crosses only the two NICs, so where another job's flows hold this one, most of those
-    flows are slow, and the best ran in a lull of theirs. (With one rack-mate, that mate may
-    be the queued one: a rank of a rack of two whose mate's NIC and uplink both hold another
-    job's queue waits on every ping too, with a clear NIC.)"""
+    (``_loaded``), the median of its flows with those mates that are not queued themselves,
+    not its best flow: a rack-mate's flow crosses only the two NICs, so where another job's
+    flows hold this one, most of those flows are slow, and the best ran in a lull of theirs.
+    (With one rack-mate, that mate may be the queued one: a rank of a rack of two whose mate's
+    NIC and uplink both hold another job's queue waits on every ping too, with a clear NIC.)
+    A queued mate does not speak for this rank's NIC: its own NIC holds the flow back. On a
+    3,2,4 layout with another job's streams on rank 1's NIC, rank 2's pings waited too (a
+    busy host), and the median of its flows with ranks 0 and 1, 0.95 and 0.15 Gbit/s, came
+    to 0.54 and flagged its clear NIC."""
     through_nic = bw.copy()
     np.fill_diagonal(through_nic, 0.0)
     if hosts is not None:
@@ -777,7 +781,9 @@ def _nic_estimates(bw: np.ndarray, hosts: Sequence[str] | None, queued: Sequence
             for i in range(bw.shape[0]) if through_nic[i].any() and through_nic[:, i].any()}
     for i in queued if racks is not None else ():
         mates = [j for j in range(len(racks)) if racks[j] == racks[i] and j != i]
-        if i in best and len(mates) >= 2:
+        clear_mates = [j for j in mates if j not in queued]
+        if i in best and len(mates) >= 2 and clear_mates:
+            mates = clear_mates
             out, into = best[i]
             if _loaded(bw, i) == "out":
                 best[i] = (min(out, float(np.median(through_nic[i, mates]))), into)
