@@ -77,7 +77,7 @@ def test_up_twice_is_an_error_and_leaves_the_first_intact(name):
 
 def test_a_failure_while_building_leaves_nothing(name, monkeypatch):
     calls = []
-    real = emulate._attach
+    real = emulate.build._attach
 
     def flaky(*args):
         calls.append(args)
@@ -85,7 +85,7 @@ def test_a_failure_while_building_leaves_nothing(name, monkeypatch):
             raise emulate.EmulationError("injected failure")
         return real(*args)
 
-    monkeypatch.setattr(emulate, "_attach", flaky)
+    monkeypatch.setattr(emulate.build, "_attach", flaky)  # where up() looks it up
     with pytest.raises(emulate.EmulationError, match="injected"):
         emulate.up([2, 2], name=name)
     assert emulate.leftovers(name) == []

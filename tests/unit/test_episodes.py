@@ -62,7 +62,7 @@ def test_delay_episodes_are_refused_up_front_without_netem(monkeypatch):
     def no_netem():
         raise emulate.EmulationError("delay episodes need the netem qdisc, the kernel module sch_netem")
 
-    monkeypatch.setattr(emulate, "check_netem", no_netem)
+    monkeypatch.setattr(emulate.episodes, "check_netem", no_netem)  # looked up there
     emulate.check_episodes(c, [Episode(1, 0.0, 1.0, nic="100mbit")])  # no delay: netem is not needed
     with pytest.raises(emulate.EmulationError, match="sch_netem"):
         emulate.check_episodes(c, [Episode(1, 0.0, 1.0, delay="30ms")])
@@ -73,10 +73,10 @@ def test_episodes_apply_in_order_and_stop_undoes_what_is_still_on(monkeypatch):
     c = emulate.Cluster(name="x", rack_sizes=[2], nic_bps=10**9, uplink_bps=10**9, cpu_limit={1: 0.5},
                         nic_override={0: 5 * 10**8})
     calls, lines = [], []
-    monkeypatch.setattr(emulate, "load_state", lambda name: c)
-    monkeypatch.setattr(emulate, "_set_cpu_quota", lambda c, rank, cores: calls.append(("cpu", rank, cores)))
-    monkeypatch.setattr(emulate, "_shape_nic", lambda c, rank, bps=None: calls.append(("nic", rank, bps)))
-    monkeypatch.setattr(emulate, "_delay_nic", lambda c, rank, bps, delay: calls.append(("delay", rank, delay)))
+    monkeypatch.setattr(emulate.episodes, "load_state", lambda name: c)
+    monkeypatch.setattr(emulate.episodes, "_set_cpu_quota", lambda c, rank, cores: calls.append(("cpu", rank, cores)))
+    monkeypatch.setattr(emulate.episodes, "_shape_nic", lambda c, rank, bps=None: calls.append(("nic", rank, bps)))
+    monkeypatch.setattr(emulate.episodes, "_delay_nic", lambda c, rank, bps, delay: calls.append(("delay", rank, delay)))
     stragglers = emulate._Episodes(c, [Episode(1, 1.0, 2.0, cpu=0.1), Episode(1, 2.0, 5.0, cpu=0.2),
                                        Episode(0, 0.0, 1.0, nic="100mbit"), Episode(0, 0.5, 10.0, delay="5ms")],
                                    lines.append)
