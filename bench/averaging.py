@@ -18,10 +18,10 @@ import torch
 import torch.distributed as dist
 
 from dssync.collectives import Communicator
+from dssync.strategies.base import StrategyContext
 from dssync.strategies.ds_sync import DSSyncStrategy
-from dssync.strategy import StrategyContext
-from dssync.tasks import build_task
 from dssync.topology import Topology
+from dssync.training.tasks import build_task
 
 __all__ = ["averaging_rank", "summarize"]
 

@@ -28,7 +28,7 @@ from typing import Any
 from dssync.bench.overlap import train_on_cluster
 from dssync.errors import DssyncError
 from dssync.launch import emulate
-from dssync.train import comm_warmup, first_at_target, per_rank_comm_ms
+from dssync.training.loop import comm_warmup, first_at_target, per_rank_comm_ms
 
 __all__ = ["compare", "loss_rows", "loss_table", "markdown_table", "parse_variant", "plot", "seed_rows", "seed_table",
            "summarize"]

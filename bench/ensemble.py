@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from dssync.errors import DssyncError
-from dssync.train import TrainConfig, train
+from dssync.training.loop import TrainConfig, train
 
 __all__ = ["compare_ensembles", "parse_rule", "summarize_ensembles"]
 

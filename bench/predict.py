@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dssync.bench.simulate import Network, simulate
-from dssync.train import first_at_target
+from dssync.training.loop import first_at_target
 
 __all__ = ["contended_racks", "iterations_factors", "plot", "predict_tta", "markdown_table"]
 

@@ -78,7 +78,7 @@ def _rates(scenario: str, rate_scale: float) -> tuple[str, str]:
 
 
 def _model_bytes(model_mb: float) -> int:
-    from dssync.tasks import build_task
+    from dssync.training.tasks import build_task
 
     model = build_task("synthetic", model_mb=model_mb).model
     return sum(p.numel() * p.element_size() for p in model.parameters())
@@ -100,7 +100,7 @@ def _calibration_groups(rack_sizes: Sequence[int]) -> dict[str, list[list[list[i
 def _bench_patterns(name: str, tmp: Path, rack_sizes: Sequence[int], labels: Sequence[str], *, sizes: str,
                     iters: int, timeout_s: float) -> list[dict[str, Any]]:
     """``bench allreduce`` on cluster ``name`` for each calibration pattern in ``labels``."""
-    from dssync.schedule import Schedule
+    from dssync.planning.schedule import Schedule
 
     world = sum(rack_sizes)
     samples = []

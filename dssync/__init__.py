@@ -3,7 +3,7 @@
 The core objects::
 
     from dssync.topology import Topology
-    from dssync.planner import static_plan
+    from dssync.planning.planner import static_plan
     topology = Topology.from_rack_sizes([4, 4])
     schedule = static_plan(topology)        # who averages with whom, iteration by iteration
 """

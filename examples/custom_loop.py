@@ -9,9 +9,9 @@ import torch.nn.functional as F
 
 from dssync.collectives import TorchCommunicator
 from dssync.strategies import DSSyncStrategy
-from dssync.strategy import StrategyContext
-from dssync.tasks import build_task
+from dssync.strategies.base import StrategyContext
 from dssync.topology import Topology
+from dssync.training.tasks import build_task
 
 
 def main() -> None:

@@ -23,8 +23,8 @@ from torch.distributed.optim import PostLocalSGDOptimizer
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from dssync.averager import DSSyncAverager, LocalSGDState, local_sgd_hook
-from dssync.tasks import build_task
+from dssync.training.averager import DSSyncAverager, LocalSGDState, local_sgd_hook
+from dssync.training.tasks import build_task
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dssync.schedule import Schedule
+from dssync.planning.schedule import Schedule
 from dssync.topology import Topology
 
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dssync import cli
-from dssync.planner import static_plan
+from dssync.planning.planner import static_plan
 from dssync.topology import Topology
 
 TOPOLOGY = Topology.from_rack_sizes([2, 2]).to_dict()
@@ -223,7 +223,7 @@ def test_generated_topology_fields(value, key, tmp_path_factory, capsys, monkeyp
 def test_generated_schedule_fields(value, key, tmp_path_factory, capsys, monkeypatch):
     """Any JSON value in one field of a valid schedule, loaded the way train loads it."""
     from dssync.errors import ScheduleError
-    from dssync.schedule import Schedule
+    from dssync.planning.schedule import Schedule
 
     root = tmp_path_factory.mktemp("sched")
     path = _file(root, json.dumps({**SCHEDULE, key: value}), "schedule.json")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from dssync.schedule import Schedule
+from dssync.planning.schedule import Schedule
 from dssync.topology import Topology
 
 __all__ = ["add_topology_options", "finite_float", "fraction", "non_negative_float", "non_negative_int", "positive_float",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from dssync._jsonfile import write_json
 from dssync.topology import Topology
-from dssync.train import TrainConfig, train
+from dssync.training.loop import TrainConfig, train
 
 __all__ = ["add_parser", "run"]
 

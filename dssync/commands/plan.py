@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 
 from dssync.commands._common import parse_rack_sizes, positive_float, positive_int
-from dssync.planner import (
+from dssync.planning.planner import (
     DEFAULT_MAX_PERIOD,
     check_adjusted,
     check_paced,
@@ -14,7 +14,7 @@ from dssync.planner import (
     contended,
     plan,
 )
-from dssync.schedule import EXPLICIT_MAX, Schedule
+from dssync.planning.schedule import EXPLICIT_MAX, Schedule
 from dssync.topology import Topology
 
 __all__ = ["add_parser", "print_schedule", "run"]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from dssync.commands._common import parse_rack_sizes
 from dssync.launch import from_environ, run_ranks
+from dssync.probing.probe import BACKENDS, ProbeConfig, probe_rank
 from dssync.topology import Topology
-from dssync.topology.probe import BACKENDS, ProbeConfig, probe_rank
 
 __all__ = ["add_parser", "confidence_lines", "plot_topology", "run"]
 

@@ -22,8 +22,8 @@ from dssync.commands._common import (
 from dssync.launch import from_environ
 from dssync.strategies import REGISTRY, get_strategy
 from dssync.strategies.ds_sync import ENSEMBLES
-from dssync.tasks import TASKS
-from dssync.train import LR_SCHEDULES, TrainConfig, train
+from dssync.training.loop import LR_SCHEDULES, TrainConfig, train
+from dssync.training.tasks import TASKS
 
 __all__ = ["add_parser", "run", "strategy_settings"]
 

@@ -38,8 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from dssync.train import TrainConfig, train
-    from dssync.tune import search_switch_point
+    from dssync.training.loop import TrainConfig, train
+    from dssync.training.tune import search_switch_point
 
     if args.steps < 1 or args.nproc < 2:
         raise ValueError("--steps must be positive and --nproc at least 2")

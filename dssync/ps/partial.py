@@ -64,17 +64,17 @@ import torch
 
 from dssync.collectives import Communicator
 from dssync.errors import CommunicationError
-from dssync.ps import (
+from dssync.ps.framing import (
     _HEADER,
     _PULL,
     _PUSHPULL,
     _REPLY,
     _STOP,
-    ParameterServer,
     _recv_exact,
     _recv_header,
     refuse,
 )
+from dssync.ps.server import ParameterServer
 
 __all__ = ["PartialServer", "RoundShard"]
 

@@ -50,7 +50,7 @@ import numpy as np
 
 from dssync.collectives import Communicator
 from dssync.errors import CommunicationError
-from dssync.ps import _local_address, _recv_exact, accept_each, connect, refuse
+from dssync.ps.framing import _local_address, _recv_exact, accept_each, connect, refuse
 
 __all__ = ["Scheduler", "SchedulerClient", "Tuning", "tune"]
 

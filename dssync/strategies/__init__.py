@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dssync.strategies.allreduce import AllreduceStrategy
 from dssync.strategies.asp import ASPStrategy, SSPStrategy
+from dssync.strategies.base import Strategy
 from dssync.strategies.ddp import DDPStrategy
 from dssync.strategies.diloco import DiLoCoStrategy
 from dssync.strategies.ds_sync import DSSyncStrategy
@@ -14,7 +15,6 @@ from dssync.strategies.psp import PSPStrategy
 from dssync.strategies.specsync import SpecSyncStrategy
 from dssync.strategies.sync_switch import SyncSwitchStrategy
 from dssync.strategies.torch_hier import TorchHierStrategy
-from dssync.strategy import Strategy
 
 __all__ = [
     "REGISTRY", "ASPStrategy", "AllreduceStrategy", "DDPStrategy", "DSSyncStrategy", "DiLoCoStrategy",

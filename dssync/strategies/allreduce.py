@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from dssync.strategy import Strategy, StrategyContext
+from dssync.strategies.base import Strategy, StrategyContext
 
 __all__ = ["AllreduceStrategy", "GradientBuffer"]
 

@@ -1,4 +1,4 @@
-"""``asp`` and ``ssp``: data parallelism through the sharded parameter server (``dssync.ps``).
+"""``asp`` and ``ssp``: data parallelism through the sharded parameter server (``dssync.ps.server``).
 
 Every iteration a worker pushes its gradient to every shard, where it is applied at once
 with the loop's SGD settings (momentum, and the learning rate divided by the number of
@@ -21,9 +21,9 @@ from torch import nn
 
 from dssync.errors import DssyncError
 from dssync.flat import flatten_parameters
-from dssync.ps import ParameterServer
+from dssync.ps.server import ParameterServer
 from dssync.strategies.allreduce import GradientBuffer
-from dssync.strategy import StepsElsewhere, Strategy, StrategyContext, hookless_copy
+from dssync.strategies.base import StepsElsewhere, Strategy, StrategyContext, hookless_copy
 
 __all__ = ["ASPStrategy", "SSPStrategy"]
 

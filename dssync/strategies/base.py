@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from dssync.collectives import Communicator
-from dssync.schedule import Schedule
+from dssync.planning.schedule import Schedule
 from dssync.topology import Topology
 
 __all__ = ["StepsElsewhere", "Strategy", "StrategyContext", "hookless_copy", "world_average"]

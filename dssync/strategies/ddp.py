@@ -30,7 +30,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from dssync.errors import DssyncError
-from dssync.strategy import Strategy, StrategyContext
+from dssync.strategies.base import Strategy, StrategyContext
 
 __all__ = ["DDPStrategy", "require_torch_distributed"]
 

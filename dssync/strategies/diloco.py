@@ -27,7 +27,7 @@ from torch import nn
 
 from dssync.errors import DssyncError
 from dssync.flat import flatten_parameters
-from dssync.strategy import Strategy, StrategyContext, hookless_copy
+from dssync.strategies.base import Strategy, StrategyContext, hookless_copy
 
 __all__ = ["DiLoCoStrategy"]
 

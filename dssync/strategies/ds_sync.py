@@ -38,9 +38,9 @@ from torch.optim.swa_utils import AveragedModel
 
 from dssync.errors import DssyncError
 from dssync.flat import flatten_parameters
-from dssync.schedule import Schedule
-from dssync.shuffle import Shuffle
-from dssync.strategy import StepsElsewhere, Strategy, StrategyContext, world_average
+from dssync.planning.schedule import Schedule
+from dssync.strategies.base import StepsElsewhere, Strategy, StrategyContext, world_average
+from dssync.strategies.shuffle import Shuffle
 
 __all__ = ["ENSEMBLES", "DSSyncStrategy", "debiased_ema"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from dssync.strategies.allreduce import GradientBuffer
-from dssync.strategy import Strategy, StrategyContext
+from dssync.strategies.base import Strategy, StrategyContext
 
 __all__ = ["HierarchicalStrategy"]
 

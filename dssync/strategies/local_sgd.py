@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from dssync.flat import flatten_parameters
-from dssync.strategy import Strategy, StrategyContext, world_average
+from dssync.strategies.base import Strategy, StrategyContext, world_average
 
 __all__ = ["LocalSGDStrategy"]
 

@@ -7,7 +7,7 @@ ones are dropped), and a worker goes on once ``pull_fraction`` (b) of the shards
 it a newer block, keeping last iteration's values for the rest. ``c = k, b = 1`` is plain
 synchronous SGD on the servers; ``c < k, b = 1`` is backup workers. The protocol, and the
 choices the paper leaves open (the learning rate by the number aggregated ``d``, blocks,
-timeouts, timestamps, delays), are in ``dssync.ps_partial``.
+timeouts, timestamps, delays), are in ``dssync.ps.partial``.
 
 The loop's learning rate is the rate of a full round: a round of ``d`` pushes moves the
 shard by ``lr * d / k`` times their mean gradient (the linear scaling rule). Rare, large
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dssync.ps import ParameterServer
-from dssync.ps_partial import PartialServer
+from dssync.ps.partial import PartialServer
+from dssync.ps.server import ParameterServer
 from dssync.strategies.asp import ASPStrategy
 
 __all__ = ["PSPStrategy"]

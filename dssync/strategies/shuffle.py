@@ -1,5 +1,5 @@
 """Which group each rank averages with at each iteration, and online regrouping: the part of
-DS-Sync that the ``ds-sync`` strategy and the model averager (``dssync.averager``) share.
+DS-Sync that the ``ds-sync`` strategy and the model averager (``dssync.training.averager``) share.
 
 A ``Shuffle`` follows a schedule (planned from the topology unless one is given) from the
 iteration at which it took effect, keeps the window of group timings, and, every
@@ -16,9 +16,9 @@ from typing import Any
 
 from dssync.collectives import Communicator, Group
 from dssync.errors import ScheduleError
-from dssync.planner import contended, plan, with_uplink_probes
-from dssync.regroup import Record, cross_rack_pace, sense_contention
-from dssync.schedule import Schedule
+from dssync.planning.planner import contended, plan, with_uplink_probes
+from dssync.planning.regroup import Record, cross_rack_pace, sense_contention
+from dssync.planning.schedule import Schedule
 from dssync.topology import Topology
 
 __all__ = ["Shuffle"]

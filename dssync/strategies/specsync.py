@@ -5,7 +5,7 @@ other workers have pushed since its pull abandons the computation, pulls the fre
 parameters and recomputes the same mini-batch (its gradients from the abandoned work are
 discarded; momentum lives on the servers and is untouched). The central scheduler, its
 control channel and the adaptive ``ABORT_TIME`` / ``ABORT_RATE`` tuning are in
-``dssync.speculate``; the servers are ``asp``'s, unchanged.
+``dssync.ps.speculation``; the servers are ``asp``'s, unchanged.
 
 Cancellation (a choice the paper leaves open): every leaf module's forward pre-hook, a hook on
 the gradient of every leaf module's output, and the end of backward are cancellation points;
@@ -25,10 +25,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from dssync.ps import job_secret
-from dssync.speculate import Scheduler, SchedulerClient
+from dssync.ps.framing import job_secret
+from dssync.ps.speculation import Scheduler, SchedulerClient
 from dssync.strategies.asp import ASPStrategy
-from dssync.strategy import StrategyContext
+from dssync.strategies.base import StrategyContext
 
 __all__ = ["SpecSyncStrategy"]
 

@@ -4,7 +4,7 @@ Sync-Switch trains the first ``switch_at`` of the workload with bulk-synchronous
 rest asynchronously: early, large steps need fresh gradients; late, small ones tolerate
 stale ones, so the run reaches BSP's test accuracy at nearly ASP's speed.
 
-- **BSP phase** on the servers: ``dssync.ps_partial.PartialServer`` with every push and
+- **BSP phase** on the servers: ``dssync.ps.partial.PartialServer`` with every push and
   every block (``c = k``, ``b = 1``), so a shard applies ``lr`` times the mean of the ``k``
   gradients of an iteration, with the loop's momentum: the paper's PS-BSP, whose batch is
   ``k`` times the worker's and whose rate is the loop's ``lr`` (the user's ``n * eta``).
@@ -93,10 +93,10 @@ import torch
 from torch import nn
 
 from dssync.errors import DssyncError
-from dssync.ps import ParameterServer
-from dssync.ps_partial import PartialServer
+from dssync.ps.partial import PartialServer
+from dssync.ps.server import ParameterServer
 from dssync.strategies.asp import ASPStrategy
-from dssync.strategy import StrategyContext
+from dssync.strategies.base import StrategyContext
 
 __all__ = ["SyncSwitchStrategy", "below_mean_minus_std"]
 

@@ -35,8 +35,8 @@ from torch.distributed.algorithms.model_averaging.hierarchical_model_averager im
 from torch.distributed.optim import PostLocalSGDOptimizer
 
 from dssync.errors import DssyncError
+from dssync.strategies.base import Strategy, StrategyContext, world_average
 from dssync.strategies.ddp import require_torch_distributed
-from dssync.strategy import Strategy, StrategyContext, world_average
 
 __all__ = ["TorchHierStrategy", "rack_averager"]
 

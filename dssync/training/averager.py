@@ -39,10 +39,10 @@ from torch.optim.swa_utils import AveragedModel
 
 from dssync.collectives.torch_dist import TorchCommunicator
 from dssync.errors import DssyncError
-from dssync.schedule import Schedule
-from dssync.shuffle import Shuffle
+from dssync.planning.schedule import Schedule
+from dssync.strategies.base import world_average
 from dssync.strategies.ds_sync import ENSEMBLES, debiased_ema
-from dssync.strategy import world_average
+from dssync.strategies.shuffle import Shuffle
 from dssync.topology import Topology
 
 __all__ = ["DSSyncAverager", "LocalSGDState", "default_topology", "local_sgd_hook"]
@@ -52,7 +52,7 @@ def default_topology(comm: TorchCommunicator, *, num_racks: int = 2, timeout_s: 
     """The topology to plan for when none is given: probed (``dssync probe``'s measurement)
     when the ranks run on more than one host, else ``num_racks`` even logical racks, as
     ``dssync train`` assumes (on one host a probe would measure the CPU)."""
-    from dssync.topology.probe import ProbeConfig, host_name, probe_rank
+    from dssync.probing.probe import ProbeConfig, host_name, probe_rank
 
     if len(set(comm.allgather_object(host_name()))) < 2:
         return Topology.even(comm.world_size, min(num_racks, comm.world_size))

@@ -18,17 +18,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from dssync import checkpoint as ckpt
 from dssync.collectives import Communicator
 from dssync.errors import BackendUnavailableError, ScheduleError, TopologyError
 from dssync.launch import from_environ, run_ranks
 from dssync.launch.spawn import BACKENDS
-from dssync.schedule import Schedule
+from dssync.planning.schedule import Schedule
+from dssync.probing.probe import ProbeConfig, host_name, probe_rank
 from dssync.strategies import REGISTRY, get_strategy
-from dssync.strategy import StrategyContext, hookless_copy
-from dssync.tasks import TASKS, build_task
+from dssync.strategies.base import StrategyContext, hookless_copy
 from dssync.topology import Topology
-from dssync.topology.probe import ProbeConfig, host_name, probe_rank
+from dssync.training import checkpoint as ckpt
+from dssync.training.tasks import TASKS, build_task
 
 __all__ = ["LR_SCHEDULES", "TrainConfig", "at_target", "first_at_target", "lr_factor", "per_rank_comm_ms", "summarize_comm",
            "train", "train_rank"]
@@ -72,7 +72,7 @@ class TrainConfig:
     """``cpu``, or ``cuda``: each rank's model and data on its local GPU (``LOCAL_RANK`` under a
     launcher, the rank among spawned ones), CUDA tensors through NCCL."""
     checkpoint: str | None = None
-    """A folder for checkpoints (``dssync.checkpoint``): the run resumes from the latest one in
+    """A folder for checkpoints (``dssync.training.checkpoint``): the run resumes from the latest one in
     it, if any, and writes one every ``checkpoint_every`` iterations and at its end."""
     checkpoint_every: int = 0
     stop_after: int | None = None

@@ -75,7 +75,7 @@ def test_probe_on_generated_layouts_is_right_or_says_it_is_unsure(index, name):
 RECHECK = """
 import json
 from dssync.launch.spawn import run_ranks
-from dssync.topology import probe
+from dssync.probing import probe
 
 def rank(comm):
     link = probe._Link(comm.rank, 30.0)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dssync.launch import emulate
-from dssync.schedule import Schedule
+from dssync.planning.schedule import Schedule
 
 pytestmark = pytest.mark.emulate
 

@@ -144,7 +144,7 @@ def test_the_two_line_ddp_example_computes_what_dssync_train_computes(tmp_path):
     """examples/ddp_mnist.py (PyTorch's DDP MNIST script plus two lines) under torchrun at 4
     ranks: every rank's parameters after k steps equal, bit for bit, those of
     ``dssync train --strategy ds-sync`` on the same seed (its final checkpoint)."""
-    from dssync.train import TrainConfig, train
+    from dssync.training.loop import TrainConfig, train
 
     steps = 40
     (tmp_path / "example").mkdir()

@@ -8,9 +8,9 @@ import time
 import torch
 from torch import nn
 
-from dssync.planner import static_plan
+from dssync.planning.planner import static_plan
 from dssync.strategies import DSSyncStrategy
-from dssync.strategy import StrategyContext
+from dssync.strategies.base import StrategyContext
 from dssync.topology import Topology
 
 
@@ -109,7 +109,7 @@ def ps_pushes(comm, numel: int, clocks: int, staleness, slow_rank: int | None = 
     """Every rank pushes the gradient ``(rank + 1) * (clock + 1)`` (all ones) ``clocks`` times
     through the parameter server with lr 1, momentum 0; returns the versions it saw and the
     final parameters."""
-    from dssync.ps import ParameterServer
+    from dssync.ps.server import ParameterServer
 
     flat = torch.zeros(numel, dtype=torch.float32)
     ps = ParameterServer(comm, flat, lr=1.0, staleness=staleness)
@@ -127,7 +127,7 @@ def ps_pushes(comm, numel: int, clocks: int, staleness, slow_rank: int | None = 
 
 def ps_with_a_silent_worker(comm, numel: int):
     """SSP with bound 0: rank 1 never pushes, so rank 0's first push must time out, named."""
-    from dssync.ps import ParameterServer
+    from dssync.ps.server import ParameterServer
 
     flat = torch.zeros(numel, dtype=torch.float32)
     ps = ParameterServer(comm, flat, lr=1.0, staleness=0, timeout_s=2.0)
@@ -172,7 +172,7 @@ def psp_pushes(comm, numel: int, steps: int, quorum, fraction: float, slow_rank=
     sleeps before each push, ``delay_rank``'s shard delays every block message by 30 s.
     Returns the versions after each push, this rank's shard's stats and block, and the
     parameters after a final pull (``None`` when a shard delays: its pull would wait)."""
-    from dssync.ps_partial import PartialServer
+    from dssync.ps.partial import PartialServer
 
     flat = torch.zeros(numel, dtype=torch.float32)
     delayed = comm.rank == delay_rank
@@ -378,7 +378,7 @@ def averaging_with_seeded_gradients(comm, strategy_name: str, options: dict, rac
 def handed_back_and_plain_average(comm, steps: int, eval_every: int, options: dict):
     """ds-sync on ``digits`` through the strategy API; at every evaluation the handed-back model's
     parameters and every rank's current parameters (the parent averages those itself)."""
-    from dssync.tasks import build_task
+    from dssync.training.tasks import build_task
 
     task = build_task("digits", seed=3)
     model = task.model
@@ -446,8 +446,8 @@ def averager_loop(comm, task_name: str, steps: int, seed: int, options: dict, re
     import torch.nn.functional as F
     from torch.distributed.optim import PostLocalSGDOptimizer
 
-    from dssync.averager import DSSyncAverager
-    from dssync.tasks import build_task
+    from dssync.training.averager import DSSyncAverager
+    from dssync.training.tasks import build_task
 
     def build(state=None):
         task = build_task(task_name, seed=seed)

@@ -10,7 +10,7 @@ import torch
 from ranks import averager_loop
 
 from dssync.launch import run_ranks
-from dssync.train import TrainConfig, train
+from dssync.training.loop import TrainConfig, train
 
 pytestmark = pytest.mark.dist
 
@@ -43,8 +43,8 @@ def test_the_averager_computes_what_dssync_train_computes(tmp_path, options, res
 
 
 def test_the_averager_needs_a_process_group():
-    from dssync.averager import DSSyncAverager
     from dssync.errors import DssyncError
+    from dssync.training.averager import DSSyncAverager
 
     with pytest.raises(DssyncError, match="init_process_group"):
         DSSyncAverager()

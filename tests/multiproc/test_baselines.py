@@ -94,7 +94,7 @@ def test_parameter_server_strategies_refuse_an_optimizer_they_cannot_run():
 
     from dssync.collectives.fake import FakeWorld
     from dssync.strategies import ASPStrategy
-    from dssync.strategy import StrategyContext
+    from dssync.strategies.base import StrategyContext
     from dssync.topology import Topology
 
     def body(comm):
@@ -188,7 +188,7 @@ def test_psp_with_stale_blocks_and_delays_does_not_stall():
     """8 workers, c = 5, b = 0.75, 10 % of block messages delayed by 1 s: workers push stale
     gradients for the shards whose blocks they skipped. Rounds that waited only for fresh
     pushes stalled here (two of three runs until the timeout); every run must finish."""
-    from dssync.train import TrainConfig, train
+    from dssync.training.loop import TrainConfig, train
 
     record = train(TrainConfig(strategy="psp", task="digits", steps=60, seed=2, eval_every=20, timeout_s=60,
                                strategy_options={"push_quorum": 5, "pull_fraction": 0.75, "delay_prob": 0.1,

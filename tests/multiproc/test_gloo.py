@@ -14,7 +14,7 @@ from ranks import (
 
 from dssync.errors import DssyncError
 from dssync.launch import run_ranks
-from dssync.planner import static_plan
+from dssync.planning.planner import static_plan
 from dssync.topology import Topology
 
 pytestmark = pytest.mark.dist

@@ -35,7 +35,7 @@ def test_cuda_and_cpu_tensors_share_one_world():
 
 @pytest.mark.parametrize("strategy", ["ds-sync", "allreduce", "ddp"])
 def test_dssync_train_on_cuda_trains_every_rank_on_its_gpu(strategy, tmp_path):
-    from dssync.train import TrainConfig, train
+    from dssync.training.loop import TrainConfig, train
 
     world = min(torch.cuda.device_count(), 4)
     record = train(TrainConfig(strategy=strategy, task="digits", steps=120, eval_every=60, device="cuda",
@@ -48,7 +48,7 @@ def test_dssync_train_on_cuda_trains_every_rank_on_its_gpu(strategy, tmp_path):
 def test_the_averager_on_cuda_computes_what_dssync_train_computes(tmp_path):
     from ranks import averager_loop
 
-    from dssync.train import TrainConfig, train
+    from dssync.training.loop import TrainConfig, train
 
     world = min(torch.cuda.device_count(), 4)
     train(TrainConfig(strategy="ds-sync", task="digits", steps=30, seed=5, eval_every=30, device="cuda",

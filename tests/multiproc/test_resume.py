@@ -12,8 +12,8 @@ import json
 import pytest
 import torch
 
-from dssync.checkpoint import CheckpointError
-from dssync.train import TrainConfig, train
+from dssync.training.checkpoint import CheckpointError
+from dssync.training.loop import TrainConfig, train
 
 pytestmark = pytest.mark.dist
 

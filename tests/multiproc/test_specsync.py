@@ -21,7 +21,7 @@ from ranks import _Sleep
 from torch import nn
 
 from dssync.launch import run_ranks
-from dssync.ps import shard_bounds
+from dssync.ps.framing import shard_bounds
 
 NUMEL = 12
 LR = 0.2
@@ -56,9 +56,9 @@ def bowl_run(comm, marker: str):
     for ``SLOW_S`` over ``SLOW_STEPS`` iterations, the others for ``FAST_S`` until it is done.
     Returns every iteration's attempts, this rank's shard's log of applied pushes, the start
     and handed-back parameters and the stats."""
-    from dssync import ps
+    from dssync.ps import server as ps
     from dssync.strategies import SpecSyncStrategy
-    from dssync.strategy import StrategyContext
+    from dssync.strategies.base import StrategyContext
     from dssync.topology import Topology
 
     applied: list[tuple[int, int, int, float, float]] = []  # version, worker, clock, began, done

@@ -1,4 +1,4 @@
-"""Strangers on a job server's port (``dssync.ps.accept_each``, which the parameter-server
+"""Strangers on a job server's port (``dssync.ps.framing.accept_each``, which the parameter-server
 shards, the partial-sync shards and the SpecSync scheduler all listen through): real stranger
 processes connect first, with nothing, garbage, an HTTP request, a forged worker header, or a
 wrong secret; the job's own workers still all get in, and no stranger gets a byte but the
@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from dssync.errors import CommunicationError
-from dssync.ps import _HEADER, _PULL, accept_each, connect
+from dssync.ps.framing import _HEADER, _PULL, accept_each, connect
 
 SECRET = bytes(range(32))
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dssync.launch import run_ranks
-from dssync.train import TrainConfig, train
+from dssync.training.loop import TrainConfig, train
 
 pytestmark = pytest.mark.dist
 
@@ -82,7 +82,7 @@ def test_ds_sync_hands_back_a_model_at_least_as_accurate_as_the_plain_world_aver
     the ranks' current parameters, computed here from every rank's own parameters."""
     from ranks import handed_back_and_plain_average
 
-    from dssync.tasks import build_task
+    from dssync.training.tasks import build_task
 
     out = run_ranks(handed_back_and_plain_average, 120, 10, {}, nproc=4, timeout_s=120)[0]
     task = build_task("digits", seed=3)

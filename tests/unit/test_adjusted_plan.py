@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dssync.errors import ScheduleError
-from dssync.planner import adjusted_plan, check_adjusted, check_paced, plan, static_plan
+from dssync.planning.planner import adjusted_plan, check_adjusted, check_paced, plan, static_plan
 from dssync.topology import Topology
 
 

@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dssync.errors import ScheduleError
-from dssync.planner import check_static, predict_round_ms, static_plan
-from dssync.schedule import Schedule
+from dssync.planning.planner import check_static, predict_round_ms, static_plan
+from dssync.planning.schedule import Schedule
 from dssync.topology import Topology
 
 rack_layouts = st.lists(st.integers(min_value=1, max_value=7), min_size=1, max_size=6)
@@ -116,7 +116,7 @@ def test_the_checks_read_a_compact_plan_as_its_whole_partitions(layout):
     """A plan (racks as blocks, only the cross-rack groups and pairs named) and the same
     partitions given whole pass the same checks: the checks of the compact form, which look
     at a rack's rest only through its slow NICs, miss nothing the whole partitions show."""
-    from dssync.planner import adjusted_plan, check_adjusted
+    from dssync.planning.planner import adjusted_plan, check_adjusted
 
     sizes, data = layout
     topo = Topology.from_rack_sizes(sizes)
@@ -137,7 +137,7 @@ def test_the_checks_read_a_compact_plan_as_its_whole_partitions(layout):
 
 
 def test_check_adjusted_finds_a_slow_nic_left_in_a_racks_rest():
-    from dssync.planner import check_adjusted
+    from dssync.planning.planner import check_adjusted
 
     topo = Topology.from_rack_sizes([4, 4])
     # Rank 1 (slow NIC) is named nowhere: it sits in rack 0's rest {1, 2, 3}, a group of three.

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dssync.planner import adjusted_plan, plan, static_plan, with_uplink_probes
-from dssync.regroup import cross_rack_pace, group_bandwidths, sense_contention
+from dssync.planning.planner import adjusted_plan, plan, static_plan, with_uplink_probes
+from dssync.planning.regroup import cross_rack_pace, group_bandwidths, sense_contention
 from dssync.topology import Topology
 
 MB = 10**6

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from dssync.errors import ScheduleError
-from dssync.planner import static_plan
-from dssync.schedule import Schedule, averaging_matrix, mixing_rho
+from dssync.planning.planner import static_plan
+from dssync.planning.schedule import Schedule, averaging_matrix, mixing_rho
 from dssync.topology import Topology
 
 PERIOD = [[[0, 4], [1, 2, 3], [5, 6, 7]], [[1, 5], [0, 2, 3], [4, 6, 7]],
@@ -79,8 +79,8 @@ def test_file_errors(tmp_path):
 def test_rho_from_the_chain_of_groups_equals_the_dense_product(sizes, dense_groups_max, monkeypatch):
     """The compact schedule's rho (group chain; ARPACK on it when forced with a bound of
     one group) against the n x n product of the whole partitions (``mixing_rho``)."""
-    from dssync import schedule as schedule_module
-    from dssync.planner import adjusted_plan
+    from dssync.planning import schedule as schedule_module
+    from dssync.planning.planner import adjusted_plan
 
     monkeypatch.setattr(schedule_module, "DENSE_GROUPS_MAX", dense_groups_max)
     topo = Topology.from_rack_sizes(sizes)
@@ -110,7 +110,7 @@ def test_compact_schedules_match_their_whole_partitions(seed):
     """On random blocks and named groups: the partitions the compact form stands for are
     partitions; rho, mixing and group_of agree with the dense definition computed from
     them; the file round trip keeps every partition and the digest."""
-    from dssync.schedule import connected
+    from dssync.planning.schedule import connected
 
     n, blocks, rounds = _random_compact(seed)
     period = []
@@ -137,7 +137,7 @@ def test_compact_schedules_match_their_whole_partitions(seed):
 
 
 def test_large_schedules_are_written_compact_and_read_back(tmp_path, monkeypatch):
-    from dssync import schedule as schedule_module
+    from dssync.planning import schedule as schedule_module
 
     monkeypatch.setattr(schedule_module, "EXPLICIT_MAX", 10)
     topo = Topology.from_rack_sizes([4, 3, 5])

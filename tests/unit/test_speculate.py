@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from dssync.speculate import Scheduler, net_gain, tune
+from dssync.ps.speculation import Scheduler, net_gain, tune
 
 
 def brute_force_gain(delta, epoch, spans, m):

@@ -6,10 +6,10 @@ from torch import nn
 
 from dssync.collectives import FakeWorld
 from dssync.errors import CommunicationError, ScheduleError
-from dssync.planner import plan, static_plan
-from dssync.schedule import Schedule
+from dssync.planning.planner import plan, static_plan
+from dssync.planning.schedule import Schedule
 from dssync.strategies import AllreduceStrategy, DSSyncStrategy, get_strategy
-from dssync.strategy import StrategyContext
+from dssync.strategies.base import StrategyContext
 from dssync.topology import Topology
 
 

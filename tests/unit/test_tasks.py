@@ -3,7 +3,7 @@ import itertools
 import pytest
 import torch
 
-from dssync.tasks import build_task
+from dssync.training.tasks import build_task
 
 
 def test_digits_split_and_an_epoch_deals_every_example_once():

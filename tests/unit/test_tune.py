@@ -2,7 +2,7 @@
 
 import pytest
 
-from dssync.tune import search_switch_point
+from dssync.training.tune import search_switch_point
 
 
 def knee(at: float):

@@ -1,0 +1,42 @@
+"""What several ``dssync bench`` subcommands share: the compared strategies, the output-file check,
+the evaluation defaults and the report."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from dssync._jsonfile import check_writable, write_json
+
+#: The comparison of DESIGN section 7: what users run today and every rival, beside ds-sync.
+COMPARE_STRATEGIES = "ddp,allreduce,hierarchical,torch-hier,diloco,local-sgd,gossip,asp,ds-sync"
+
+__all__ = ["COMPARE_STRATEGIES"]
+
+
+def _outputs_checked(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``run`` after its output files (``--json``, ``--markdown``, ``--plot``) are checked
+    writable: a bench runs for minutes and must not lose its record at the end."""
+    def checked(args: argparse.Namespace) -> int:
+        for key in ("json", "markdown", "plot"):
+            if getattr(args, key, None):
+                check_writable(getattr(args, key))
+        return run(args)
+    return checked
+
+
+def _eval_and_warmup(args: argparse.Namespace) -> tuple[int, int]:
+    """--eval-every and --warmup-steps, defaulting to 2 % and 5 % of --steps."""
+    eval_every = args.eval_every or max(1, args.steps // 50)
+    return eval_every, args.warmup_steps if args.warmup_steps is not None else args.steps // 20
+
+
+def _report(table: str, records: object, args: argparse.Namespace) -> None:
+    """Print the markdown table; write the records (--json) and the table (--markdown)."""
+    from pathlib import Path
+
+    print(table)
+    if args.json:
+        write_json(args.json, records)
+    if args.markdown:
+        Path(args.markdown).write_text(table + "\n")

@@ -1,0 +1,125 @@
+"""``dssync bench compare``: time to accuracy of every strategy on one emulated network."""
+
+from __future__ import annotations
+
+import argparse
+
+from dssync.commands._common import fraction, non_negative_int, positive_float, positive_int
+from dssync.commands.bench._shared import (
+    COMPARE_STRATEGIES,
+    _eval_and_warmup,
+    _outputs_checked,
+    _report,
+)
+from dssync.training.loop import LR_SCHEDULES
+
+__all__ = ["add_parser", "run_compare"]
+
+
+def add_parser(bsub: argparse._SubParsersAction) -> None:
+    """Register ``bench compare`` on ``dssync bench``'s subparsers."""
+    c = bsub.add_parser("compare", help="time to accuracy of every strategy on one emulated network (needs root)",
+                        description="For each scenario, build the emulated cluster and train every strategy on "
+                        "the same task, --repeats seeds. The reference (ddp) runs first on every seed; its "
+                        "lowest best accuracy is the target, and the others, interleaved seed by seed, stop "
+                        "once they reach it. Reports time to accuracy and its ratio to the reference, "
+                        "iterations to target, wall and comm ms per iteration and best accuracy.")
+    c.add_argument("--scenario", default="static", metavar="S[,S...]",
+                   help="static, inter-rack, inter-rack+nic, or several, comma-separated")
+    c.add_argument("--strategies", default=COMPARE_STRATEGIES, metavar="A,B,...",
+                   help="strategies, each optionally with settings: NAME:KEY=VALUE:... "
+                   f"(e.g. psp:push_quorum=6:pull_fraction=0.75; default {COMPARE_STRATEGIES})")
+    c.add_argument("--reference", default="ddp", metavar="NAME",
+                   help="the strategy whose lowest best accuracy over the seeds is the target (default ddp)")
+    c.add_argument("--target-accuracy", type=fraction, default=None, metavar="ACC",
+                   help="the target, instead of the reference's lowest best (every strategy then interleaved)")
+    c.add_argument("--no-stop", action="store_true",
+                   help="run every strategy to --steps instead of stopping at the target")
+    c.add_argument("--task", default="mnist-wide")
+    c.add_argument("--steps", type=positive_int, default=600, help="iterations, the cap of runs that stop at the target")
+    c.add_argument("--repeats", type=positive_int, default=1)
+    c.add_argument("--eval-every", type=positive_int, default=None,
+                   help="evaluate every this many iterations (default: every 2%% of --steps)")
+    c.add_argument("--batch-size", type=positive_int, default=32, help="per-worker minibatch")
+    c.add_argument("--adjust-every", type=non_negative_int, default=25, help="ds-sync's regrouping interval (0: off)")
+    c.add_argument("--model-mb", type=positive_float, default=1.0, help="model size of the synthetic task")
+    c.add_argument("--lr", type=positive_float, default=0.15, help="peak learning rate of the loop's SGD (default 0.15)")
+    c.add_argument("--lr-schedule", default="cosine", choices=LR_SCHEDULES,
+                   help="after the warm-up (default cosine, to zero at --steps)")
+    c.add_argument("--warmup-steps", type=non_negative_int, default=None, metavar="N",
+                   help="linear learning-rate warm-up (default: 5%% of --steps)")
+    c.add_argument("--cpu", nargs="+", default=[], metavar="RANK:CORES",
+                   help="stragglers: cap these workers' CPU on every scenario (emulate contend --cpu)")
+    c.add_argument("--episode", action="append", default=[], metavar="SPEC",
+                   help="a transient straggler in every run, RANK:KIND=VALUE@START+DURATION, e.g. "
+                   "1:cpu=0.1@5+20 or 3:nic=100mbit@0+30 (emulate run --episode); repeatable")
+    c.add_argument("--target-loss", type=positive_float, metavar="LOSS",
+                   help="also report iterations, updates and time to this test loss (SpecSync's criterion)")
+    c.add_argument("--json", metavar="OUT", help="one record per run (train --json keys plus scenario)")
+    c.add_argument("--markdown", metavar="OUT", help="the summary table as markdown")
+    c.add_argument("--plot", metavar="OUT.png")
+    c.set_defaults(run=_outputs_checked(run_compare))
+
+
+def run_compare(args: argparse.Namespace) -> int:
+
+    from rich.console import Console
+
+    from dssync.bench.compare import (
+        compare,
+        loss_rows,
+        loss_table,
+        markdown_table,
+        parse_variant,
+        plot,
+        seed_rows,
+        seed_table,
+        summarize,
+    )
+    from dssync.commands.train import strategy_settings
+    from dssync.strategies import get_strategy
+
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    for s in strategies:  # unknown names and bad settings fail here, before any network is built
+        name, settings = parse_variant(s)
+        get_strategy(name).Config(**strategy_settings(name, settings))
+    scenarios = [s.strip() for s in args.scenario.split(",") if s.strip()]
+    from dssync.launch.emulate import parse_cpu_limit, parse_episode
+
+    cpu = dict(parse_cpu_limit(text) for text in args.cpu)
+    episodes = [parse_episode(text) for text in args.episode]
+    eval_every, warmup = _eval_and_warmup(args)
+    train_args = ["--lr", repr(args.lr), "--lr-schedule", args.lr_schedule, "--warmup-steps", str(warmup),
+                  "--batch-size", str(args.batch_size)]
+    reference = None if args.no_stop or args.target_accuracy is not None else args.reference
+    if reference is not None and reference not in strategies:
+        raise ValueError(f"--reference {reference} must be one of --strategies (or give --target-accuracy)")
+    console = Console(stderr=True)
+
+    def report(r: dict) -> None:
+        head = f"{r['scenario']} {r['strategy']} seed {r['repeat']}: "
+        if "error" in r:
+            console.print(head + f"FAILED: {r['error']}", markup=False, highlight=False)
+            return
+        tta = r.get("time_to_target_s")
+        console.print(head + f"{r.get('steps_run', r['steps'])} iters, wall {r['wall_s']:.1f} s "
+                      f"({r['wall_s'] * 1e3 / r.get('steps_run', r['steps']):.1f} ms/iter), best accuracy "
+                      f"{r['best_accuracy']:.4f}" + ("" if tta is None else f", target reached at {tta:.1f} s"),
+                      markup=False, highlight=False)
+
+    records = compare(scenarios, strategies, task=args.task, steps=args.steps, repeats=args.repeats,
+                      eval_every=eval_every, adjust_every=args.adjust_every, model_mb=args.model_mb, cpu=cpu,
+                      episodes=episodes, train_args=train_args, reference=reference,
+                      target=args.target_accuracy, stop=not args.no_stop, progress=report)
+    rows = summarize(records, reference=args.reference)
+    table = markdown_table(rows, reference=args.reference)
+    if args.repeats > 1:
+        table += (f"\n\nBest accuracy per seed, and paired with {args.reference}'s on the same seed "
+                  "(†: stopped at the target, so no higher than the target):\n\n") + \
+            seed_table(seed_rows(records, reference=args.reference), reference=args.reference)
+    if args.target_loss is not None:
+        table += "\n\n" + loss_table(loss_rows(records, args.target_loss))
+    _report(table, records, args)
+    if args.plot:
+        plot(records, rows, args.plot, reference=args.reference)
+    return 0

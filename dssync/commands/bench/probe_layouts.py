@@ -1,0 +1,66 @@
+"""``dssync bench probe-layouts``: the prober on seeded random emulated networks."""
+
+from __future__ import annotations
+
+import argparse
+
+from dssync._jsonfile import write_json
+from dssync.commands._common import positive_int
+from dssync.commands.bench._shared import _outputs_checked
+
+__all__ = ["add_parser", "run_probe_layouts"]
+
+
+def add_parser(bsub: argparse._SubParsersAction) -> None:
+    """Register ``bench probe-layouts`` on ``dssync bench``'s subparsers."""
+    g = bsub.add_parser("probe-layouts", help="the prober on seeded random emulated networks (needs root)",
+                        description="Draw COUNT random layouts (2-4 racks of 1-5 workers, slower uplinks and "
+                        "NICs, background flows across uplinks and through NICs) from SEED, build each one, "
+                        "run `dssync probe` on it and score the racks and the flags against what was built.")
+    g.add_argument("--count", type=positive_int, default=20, help="layouts to probe (default %(default)s)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the layout generator (default %(default)s)")
+    g.add_argument("--max-workers", type=positive_int, default=9, help="largest world drawn (default %(default)s)")
+    g.add_argument("--probe-args", default="", metavar="ARGS",
+                   help="extra `dssync probe` options, one string (e.g. '--bandwidth-seconds 0.5')")
+    g.add_argument("--json", metavar="OUT", help="write every row, the summary and the raw topologies")
+    g.set_defaults(run=_outputs_checked(run_probe_layouts))
+
+
+def run_probe_layouts(args: argparse.Namespace) -> int:
+    import shlex
+
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from dssync.bench.probe_layouts import generate, run_layouts
+
+    layouts = generate(args.count, args.seed, max_workers=args.max_workers)
+    console = Console()
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("probing layouts", total=len(layouts))
+        result = run_layouts(layouts, probe_args=shlex.split(args.probe_args),
+                             report=lambda row: progress.advance(task))
+    table = Table(title=f"dssync probe on {len(layouts)} random layouts (seed {args.seed})")
+    for col in ("#", "layout", "racks", "uplinks found/true", "NICs found/true", "unplaced", "probe s"):
+        table.add_column(col, justify="right" if col in ("#", "probe s") else "left")
+    for k, row in enumerate(result["rows"]):
+        racks = "exact" if row["racks_exact"] else (
+            ("equivalent" if row["racks_equivalent"] else "WRONG") + f" {row['racks_found']}"
+            + (" (confident)" if row["wrong_with_confidence"] else " (unsure)"))
+        table.add_row(str(k), row["layout"], racks, f"{row['uplinks_found']}/{row['uplinks_true']}",
+                      f"{row['nics_found']}/{row['nics_true']}", str(row["unplaced"] or "-"),
+                      f"{row['probe_seconds']:.1f}")
+    console.print(table)
+    s = result["summary"]
+    console.print(f"racks exact {s['racks_exact']}/{s['layouts']} (equivalent: no flow pattern tells them apart, "
+                  f"{s['racks_equivalent']}/{s['layouts']}), flags exact {s['flags_exact']}/{s['layouts']} "
+                  f"(on equivalent racks, the contended links' workers: {s['flags_equivalent']}/{s['layouts']}), "
+                  f"wrong racks reported with confidence {s['wrong_with_confidence']} (of them telling apart "
+                  f"{s['telling_wrong_with_confidence']}), flag precision "
+                  f"{s['flag_precision']:.3f} recall {s['flag_recall']:.3f}, probe time median "
+                  f"{s['probe_seconds_median']:.1f} s max {s['probe_seconds_max']:.1f} s")
+    if args.json:
+        command = f"dssync bench probe-layouts --count {args.count} --seed {args.seed} --max-workers {args.max_workers}"
+        write_json(args.json, {"command": command, "probe_args": args.probe_args, **result})
+    return 0

@@ -1,0 +1,70 @@
+"""``dssync bench simcheck``: the simulator's prediction against the emulated cluster."""
+
+from __future__ import annotations
+
+import argparse
+
+from dssync._jsonfile import write_json
+from dssync.bench.simulate import STRATEGIES as SIMCHECK_STRATEGIES
+from dssync.commands._common import non_negative_int, positive_float, positive_int
+from dssync.commands.bench._shared import _outputs_checked, _report
+
+__all__ = ["add_parser", "run_simcheck"]
+
+
+def add_parser(bsub: argparse._SubParsersAction) -> None:
+    """Register ``bench simcheck`` on ``dssync bench``'s subparsers."""
+    k = bsub.add_parser("simcheck", help="the simulator's prediction against the emulated cluster (needs root)",
+                        description="Calibrate the simulator's per-message cost and per-flow efficiency from "
+                        "`bench allreduce` on the emulated static cluster, measure each strategy's CPU time on "
+                        "unshaped links, then run every strategy on every scenario (--seeds each) on a "
+                        "communication-bound job (synthetic task of --model-mb, one sample per rank) and report "
+                        "wall and per-rank comm ms/iter beside `dssync simulate`'s model of the same job. "
+                        "--from re-runs the model on a record without a cluster.")
+    k.add_argument("--scenario", default="static,inter-rack,inter-rack+nic", metavar="S[,S...]")
+    k.add_argument("--strategies", default=",".join(SIMCHECK_STRATEGIES), metavar="A,B,...")
+    k.add_argument("--seeds", type=positive_int, default=3, help="seeds 0..N-1 per strategy and scenario")
+    k.add_argument("--model-mb", type=positive_float, default=1.0)
+    k.add_argument("--steps", type=positive_int, default=20, help="iterations per job (diloco's outer step is the 20th)")
+    k.add_argument("--warmup", type=non_negative_int, default=4, help="iterations left out of every mean")
+    k.add_argument("--rate-scale", type=positive_float, default=0.05, metavar="F",
+                   help="multiply every NIC and uplink rate of the scenarios by F, on the emulated cluster "
+                   "and in the model (default 0.05: 50 Mbit/s, where the links rather than the machine's "
+                   "cores take at least 80%% of a job's time)")
+    k.add_argument("--from", dest="source", metavar="RECORD.json",
+                   help="a simcheck record: re-run the model on its measurements, run nothing")
+    k.add_argument("--json", metavar="OUT")
+    k.add_argument("--markdown", metavar="OUT")
+    k.set_defaults(run=_outputs_checked(run_simcheck))
+
+
+def run_simcheck(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from dssync.bench.simcheck import markdown_table, predict, simcheck
+
+    if args.source:
+        try:
+            record = json.loads(Path(args.source).read_text())
+            record["rows"] = predict(record)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{args.source} is not a simcheck record: {exc}") from None
+    else:
+        console = Console(stderr=True)
+
+        def say(stage: str, r: dict) -> None:
+            if stage == "calibration":  # the others: one job's row
+                console.print(f"calibration: alpha {1e6 * r['alpha_s']:.0f} us, efficiency {r['efficiency']:.3f}")
+            else:
+                console.print(f"{stage} {r['scenario']} {r['strategy']} seed {r['seed']}: wall {r['wall_ms']:.1f} "
+                              f"ms/iter, per-rank comm {r['comm_ms']:.1f}")
+        record = simcheck([s.strip() for s in args.scenario.split(",") if s.strip()],
+                          [s.strip() for s in args.strategies.split(",") if s.strip()],
+                          seeds=range(args.seeds), model_mb=args.model_mb, steps=args.steps, warmup=args.warmup,
+                          rate_scale=args.rate_scale, progress=say,
+                          save=(lambda r: write_json(args.json, r)) if args.json else None)
+    _report(markdown_table(record), record, args)
+    return 0

@@ -1,0 +1,1 @@
+"""Planning: who averages with whom, iteration by iteration, from a topology (pure numpy, no process groups)."""

@@ -1,0 +1,233 @@
+"""Contention classification: slow NICs (paper Fig. 6) and slow rack uplinks (Fig. 5)
+from the pairwise flows, the concurrent aggregates and the fans of the probe
+(``classify_contention``, ``nic_suspects``, ``fan_clears``).
+
+``dssync.topology.infer`` re-exports them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from dssync.topology.matrices import DEFAULT_SLOW_RATIO, FAN_RATIO, _loaded, _square
+
+
+def _nic_estimates(bw: np.ndarray, hosts: Sequence[str] | None, queued: Sequence[int] = (),
+                   racks: Sequence[int] | None = None) -> dict[int, tuple[float, float]]:
+    """Per rank, its best outgoing and best incoming flow through its NIC: what the NIC
+    carried at least, each way. Flows between ranks of one host never touch a NIC (loopback
+    measures the CPU) and are left out; a rank with none off its host either way is not judged.
+
+    A ``queued`` rank with two rack-mates or more (``racks``) counts, in its loaded direction
+    (``_loaded``), the median of its flows with those mates that are not queued themselves,
+    not its best flow: a rack-mate's flow crosses only the two NICs, so where another job's
+    flows hold this one, most of those flows are slow, and the best ran in a lull of theirs.
+    (With one rack-mate, that mate may be the queued one: a rank of a rack of two whose mate's
+    NIC and uplink both hold another job's queue waits on every ping too, with a clear NIC.)
+    A queued mate does not speak for this rank's NIC: its own NIC holds the flow back. On a
+    3,2,4 layout with another job's streams on rank 1's NIC, rank 2's pings waited too (a
+    busy host), and the median of its flows with ranks 0 and 1, 0.95 and 0.15 Gbit/s, came
+    to 0.54 and flagged its clear NIC."""
+    through_nic = bw.copy()
+    np.fill_diagonal(through_nic, 0.0)
+    if hosts is not None:
+        same_host = np.equal.outer(np.asarray(hosts, dtype=object), np.asarray(hosts, dtype=object))
+        through_nic[same_host] = 0.0
+    best = {i: (float(through_nic[i].max()), float(through_nic[:, i].max()))
+            for i in range(bw.shape[0]) if through_nic[i].any() and through_nic[:, i].any()}
+    for i in queued if racks is not None else ():
+        mates = [j for j in range(len(racks)) if racks[j] == racks[i] and j != i]
+        clear_mates = [j for j in mates if j not in queued]
+        if i in best and len(mates) >= 2 and clear_mates:
+            mates = clear_mates
+            out, into = best[i]
+            if _loaded(bw, i) == "out":
+                best[i] = (min(out, float(np.median(through_nic[i, mates]))), into)
+            else:
+                best[i] = (out, min(into, float(np.median(through_nic[mates, i]))))
+    return best
+
+
+def nic_suspects(bandwidth_gbps: Any, hosts: Sequence[str] | None = None,
+                 slow_ratio: float = DEFAULT_SLOW_RATIO, queued: Sequence[int] = (),
+                 racks: Sequence[int] | None = None) -> dict[int, list[str]]:
+    """Ranks whose NIC the pairwise flows call slow, and the directions (``"out"``, ``"in"``)
+    in which their best flow is below ``slow_ratio`` of the other ranks' median estimate.
+
+    Pairs alone cannot tell a slow NIC from a healthy one whose every peer sits behind a slow
+    link of its own (a rack of one beside a slow uplink and a slow NIC): both see only slow
+    flows. ``fan_clears`` tells them apart from a fan of flows in those directions.
+    """
+    best = _nic_estimates(_square("bandwidth_gbps", bandwidth_gbps), hosts, queued, racks)
+    worse = {i: min(pair) for i, pair in best.items()}
+    if len(worse) <= 2:
+        return {}
+    out: dict[int, list[str]] = {}
+    for i in slow_keys(worse, slow_ratio):
+        level = slow_ratio * float(np.median([v for k, v in worse.items() if k != i]))
+        out[i] = [d for d, v in zip(("out", "in"), best[i], strict=True) if v < level]
+    return out
+
+
+def fan_clears(bandwidth_gbps: Any, racks: Sequence[int], rank: int, direction: str,
+               rates: dict[int, float], ratio: float = FAN_RATIO) -> bool:
+    """Whether a fan of ``rank`` (its flows to every peer in ``rates`` at once, or from them
+    for ``direction == "in"``, ``{peer: Gbit/s}``) shows that its NIC does not bound its flows.
+
+    What the flows would carry if only their paths bound them: per other rack the best single
+    flow to it (its members share an uplink), per rack-mate its own single flow (each is
+    bounded by its own NIC). The NIC is clear when the fan carried at least ``ratio`` of that
+    sum and there were at least two such bottlenecks (with one, the sum says nothing about the
+    NIC). A NIC shared with another job's streams also carries more with more flows (TCP
+    shares per flow), so ``dssync probe`` runs a fan only for a rank with a clear ping (no
+    standing queue at its NIC).
+    """
+    bw = _square("bandwidth_gbps", bandwidth_gbps)
+    single = bw[rank] if direction == "out" else bw[:, rank]
+    alone: dict[Any, float] = {}
+    for peer in rates:
+        key = ("mate", peer) if racks[peer] == racks[rank] else ("rack", racks[peer])
+        alone[key] = max(alone.get(key, 0.0), float(single[peer]))
+    return len(alone) >= 2 and float(sum(rates.values())) >= ratio * sum(alone.values())
+
+
+def slow_keys(values: dict[int, float], ratio: float = DEFAULT_SLOW_RATIO) -> list[int]:
+    """Keys whose value is below ``ratio`` times the median of the *other* keys' values."""
+    out = []
+    for key, value in values.items():
+        others = [v for k, v in values.items() if k != key]
+        if others and value < ratio * float(np.median(others)):
+            out.append(key)
+    return out
+
+
+def classify_contention(
+    bandwidth_gbps: Any,
+    racks: Sequence[int],
+    uplink_gbps_by_rack: Sequence[float] | None = None,
+    *,
+    hosts: Sequence[str] | None = None,
+    slow_ratio: float = DEFAULT_SLOW_RATIO,
+    fans: dict[int, dict[str, dict[int, float]]] | None = None,
+    queued: Sequence[int] = (),
+) -> dict[str, list[dict[str, float]]]:
+    """Slow NICs (paper Fig. 6) and slow rack uplinks (Fig. 5), in the topology.json form.
+
+    ``{"uplinks": [{"rack": r, "bandwidth_gbps": x}], "nics": [{"rank": i, "bandwidth_gbps": y}]}``;
+    both lists are empty when nothing stands out.
+
+    NIC of rank ``i``: its capacity estimate is its *best* flow in its *worse* direction,
+    ``min(max_j bw[i, j], max_j bw[j, i])``. A healthy rank has at least one fast flow (a
+    rack-mate, or any peer whose path is clear), so a rank whose every flow, rack-mates
+    included, is slow has a contended NIC; a slow peer or a slow uplink does not lower the
+    best flow. Slow means below ``slow_ratio`` (0.6) times the median of the other ranks'
+    estimates: a contending flow of equal weight halves a NIC's share (0.5 < 0.6), while
+    measurement noise of a few ten percent stays above it. With ``hosts``, flows between
+    ranks of one host are left out (they never leave the machine), and a rank with no flow
+    off its host is not judged: local ranks on loopback measure the CPU, not a NIC. At least
+    three judged ranks are needed for a median of "the others" to mean anything. ``fans``
+    (``{rank: {direction: {peer: Gbit/s}}}``, flows at once in each direction in which the
+    rank looked slow, see ``nic_suspects``) clear a rank whose every peer sat behind a slow
+    link of its own: its fans carried what those links allow (``fan_clears``). A ``queued``
+    rank (``queued_ranks``: even its fastest ping waits) with two rack-mates or more is
+    judged in its loaded direction by its median flow with them (``_nic_estimates``).
+
+    Uplink of rack ``r``, judged on its *egress*: for each other rack ``s``, the median
+    pairwise flow from ``r`` to ``s`` (flows touching a slow NIC left out), then the best
+    over destinations, since one clear destination means ``r``'s own uplink is clear while
+    a slow destination's ingress slows only its own column. Slow by the same 0.6 rule,
+    against the median of the other racks (with two racks, the other rack). Egress, because
+    a cross-rack flow leaves through its rack's uplink and enters through another's, and
+    traffic of other tasks leaving a rack is what a probe can pin on one uplink; with two
+    racks, an uplink slowed equally both ways slows both racks' figures alike and is not
+    told apart. Pairwise egress below ``slow_ratio`` of the others' is slow on its own. The
+    concurrent aggregates alone are not trusted: a rack that sends slowly all at once while
+    its pairwise flows run at its NICs' rate is held back by its own NICs or the CPU, not by
+    its uplink. A rack of one's pairwise egress is one flow; a fan out of its member (see
+    ``fans``) is what its uplink carried at once and counts when larger. The figure reported
+    for a slow uplink is ``uplink_gbps_by_rack[r]`` when given (what the rack gets when all of
+    it sends across at once, as ``dssync probe`` measures; NaN for a rack that had no blast),
+    else the pairwise figure. The
+    aggregate also decides when the rack's pairwise egress is held back, below ``slow_ratio``
+    of its own members' NIC estimates (the rack's NICs carry more than its cross-rack flows
+    got): then the rack is slow when its aggregate is below ``slow_ratio`` of the others'.
+    With two racks the other rack's pairwise egress is the contended uplink's *ingress*, and
+    a single flow in it is held back too, by its ACKs queueing behind the background traffic
+    and its window growing over the longer round trip: on the emulated ``inter-rack``
+    scenario, pairwise egress measured 0.11 against the other rack's 0.18 Gbit/s (ratios
+    0.5 to 0.8 run to run), both far below the NICs' 0.95, while the aggregates, four flows
+    at once, read 0.11 to 0.33 against 0.56 to 0.90. Without contention pairwise flows can be
+    held back as well (on ``static`` the cross-rack pairs of a round share the uplink and got
+    0.2 to 0.5 Gbit/s); there the aggregates agree (0.91 and 0.92) and nothing is flagged. With
+    ``hosts``, a rack that shares a host with another rack is not judged (its cross-rack
+    flows need not leave the machine).
+    """
+    if not 0 < slow_ratio < 1:
+        raise ValueError(f"slow_ratio must lie in (0, 1), got {slow_ratio}; 0.6 is the default")
+    bw = _square("bandwidth_gbps", bandwidth_gbps)
+    n = bw.shape[0]
+    if len(racks) != n:
+        raise ValueError(f"racks names {len(racks)} ranks but bandwidth_gbps has {n}; give one rack per rank")
+    if hosts is not None and len(hosts) != n:
+        raise ValueError(f"hosts names {len(hosts)} ranks but bandwidth_gbps has {n}; give one host per rank")
+    rack_ids = sorted(set(racks))
+    if uplink_gbps_by_rack is not None and len(uplink_gbps_by_rack) != len(rack_ids):
+        raise ValueError(
+            f"uplink_gbps_by_rack has {len(uplink_gbps_by_rack)} entries for {len(rack_ids)} racks; "
+            "give one aggregate per rack"
+        )
+    off = bw.copy()
+    np.fill_diagonal(off, 0.0)
+    best = _nic_estimates(bw, hosts, queued, racks)
+    nic_gbps = {i: min(pair) for i, pair in best.items()}
+    slow_nics = slow_keys(nic_gbps, slow_ratio) if len(nic_gbps) > 2 else []
+    if fans:  # a fan in every slow direction carried what the paths allow: not the NIC
+        slow_nics = [i for i in slow_nics
+                     if not (i in fans and fans[i] and all(fan_clears(bw, racks, i, d, rates)
+                                                           for d, rates in fans[i].items()))]
+
+    members = {r: [i for i in range(n) if racks[i] == r] for r in rack_ids}
+    clear = [i for i in range(n) if i not in slow_nics]
+    uplink: dict[int, float] = {}
+    for r in rack_ids:
+        best = []
+        for s in rack_ids:
+            flows = [off[i, j] for i in members[r] for j in members[s]
+                     if s != r and i in clear and j in clear]
+            if flows:
+                best.append(float(np.median(flows)))
+        if best:
+            uplink[r] = max(best)
+    for i, directions in (fans or {}).items():
+        # a rack of one's uplink carries exactly its member's flows: a fan out of a clear
+        # member is what the uplink carried at once, more than any single flow shows
+        if i not in slow_nics and "out" in directions and len(members[racks[i]]) == 1:
+            uplink[racks[i]] = max(uplink.get(racks[i], 0.0), float(sum(directions["out"].values())))
+    if hosts is not None:
+        # A rack sharing a host with another rack has no uplink between them to judge.
+        host_racks: dict[str, set[int]] = {}
+        for host, rack in zip(hosts, racks, strict=True):
+            host_racks.setdefault(host, set()).add(rack)
+        shared = set().union(*(rs for rs in host_racks.values() if len(rs) > 1))
+        uplink = {r: v for r, v in uplink.items() if r not in shared}
+    slow_uplinks = slow_keys(uplink, slow_ratio) if len(uplink) > 1 else []
+    if uplink_gbps_by_rack is not None and len(uplink) > 1:
+        # The aggregate decides when the rack's pairwise egress is itself held back: below
+        # slow_ratio of what the rack's own NICs carry (so neither its NICs nor the CPU are
+        # what slows the rack when it sends all at once).
+        nic_level = {r: float(np.median([nic_gbps[i] for i in members[r] if i in clear and i in nic_gbps]
+                                        or [np.nan])) for r in uplink}
+        held_back = {r for r in uplink if uplink[r] < slow_ratio * nic_level[r]}
+        aggregate = {r: float(uplink_gbps_by_rack[r]) for r in uplink if np.isfinite(uplink_gbps_by_rack[r])}
+        slow_uplinks = sorted(set(slow_uplinks) | (held_back & set(slow_keys(aggregate, slow_ratio))))
+    # a rack whose blast had no flows (NaN) reports its pairwise figure
+    report = dict(uplink)
+    if uplink_gbps_by_rack is not None:
+        report.update({r: float(uplink_gbps_by_rack[r]) for r in rack_ids if np.isfinite(uplink_gbps_by_rack[r])})
+    return {
+        "uplinks": [{"rack": r, "bandwidth_gbps": round(report[r], 4)} for r in slow_uplinks],
+        "nics": [{"rank": i, "bandwidth_gbps": round(nic_gbps[i], 4)} for i in slow_nics],
+    }
