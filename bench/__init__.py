@@ -1,1 +1,1 @@
-"""Benchmarks: measured side by side in one run, raw samples kept."""
+"""Benchmarks, measured side by side in one run with raw samples kept, and the simulator that extends them to cluster scale."""

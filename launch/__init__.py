@@ -1,4 +1,4 @@
-"""Launching: detect a launcher's environment, or spawn local ranks."""
+"""Launching: detect a launcher's environment, spawn local ranks, build Horovod, and the emulated cluster (``emulate``)."""
 
 from dssync.launch.env import LaunchEnv, from_environ
 from dssync.launch.spawn import free_port, run_ranks

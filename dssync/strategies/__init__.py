@@ -1,4 +1,4 @@
-"""The registry of synchronization strategies: one file each, one name each."""
+"""Synchronization strategies: the interface (``base``), one file each, one name each in this registry, and DS-Sync's groups over time (``shuffle``)."""
 
 from __future__ import annotations
 
