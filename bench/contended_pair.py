@@ -120,15 +120,14 @@ def summarize(ops: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 def measure(*, rate_scale: float = 0.05, reps: int = 6, pause_s: float = 0.3, rounds: int = 2,
             name: str = "cpair", timeout_s: float = 900.0) -> dict[str, Any]:
     """The record: the three modes on the contended ``inter-rack`` cluster, then on it clear."""
+    from dssync.bench.simcheck import scaled_rates
     from dssync.launch import emulate
 
     spec = emulate.SCENARIOS["inter-rack"]
-    nic = emulate.format_rate(int(emulate.parse_rate(spec["nic"]) * rate_scale))
-    uplink = emulate.format_rate(int(emulate.parse_rate(spec["uplink"]) * rate_scale))
+    nic, uplink = scaled_rates("inter-rack", rate_scale)
     record: dict[str, Any] = {"scenario": "inter-rack", "rate_scale": rate_scale, "nic": nic, "uplink": uplink,
                               "pair": list(PAIR), "bytes": MIB, "pause_s": pause_s, "reps": reps, "rounds": rounds}
-    argv = [sys.executable, "-m", "dssync.bench.contended_pair", "--worker", "", "--reps", str(reps),
-            "--pause-s", str(pause_s), "--rounds", str(rounds)]
+    settings = ["--reps", str(reps), "--pause-s", str(pause_s), "--rounds", str(rounds)]
     with emulate.cluster(spec["rack_sizes"], nic=nic, uplink=uplink, name=name), \
             tempfile.TemporaryDirectory() as tmp:
         for label, flows in (("contended", spec["flows"]), ("clear", [])):
@@ -136,8 +135,8 @@ def measure(*, rate_scale: float = 0.05, reps: int = 6, pause_s: float = 0.3, ro
             if flows:
                 emulate.contend(name=name, flows=flows)
             out = Path(tmp) / f"{label}.json"
-            argv[4] = str(out)
-            rc = emulate.run(argv, name=name, timeout_s=timeout_s)
+            rc = emulate.run([sys.executable, "-m", "dssync.bench.contended_pair", "--worker", str(out), *settings],
+                             name=name, timeout_s=timeout_s)
             if rc != 0 or not out.exists():
                 raise RuntimeError(f"the {label} run failed (exit {rc}); its workers' output is above")
             if flows and emulate.dead_flows(name):

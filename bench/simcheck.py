@@ -72,7 +72,8 @@ def network_of(scenario: str, *, alpha_s: float = 0.0, efficiency: float = 1.0, 
                    uplink_out_streams=uplink_bg, nic_out_streams=nic_bg, host_bps=host_bps)
 
 
-def _rates(scenario: str, rate_scale: float) -> tuple[str, str]:
+def scaled_rates(scenario: str, rate_scale: float) -> tuple[str, str]:
+    """The NIC and uplink rates of ``scenario`` times ``rate_scale``, as ``dssync emulate`` takes them."""
     net = network_of(scenario, rate_scale=rate_scale)
     return emulate.format_rate(round(8 * net.nic_bps)), emulate.format_rate(round(8 * net.uplink_bps))
 
@@ -138,7 +139,7 @@ def calibrate(*, rate_scale: float, name: str = "simcal", sizes: str = "64K:4M",
     world's ring and the racks' rings on the ``inter-rack+nic`` cluster, whose background
     starts on worker 4 itself, for ``local_weight`` (``fit_local``)."""
     spec = emulate.SCENARIOS["static"]
-    nic, uplink = _rates("static", rate_scale)
+    nic, uplink = scaled_rates("static", rate_scale)
     with emulate.cluster(spec["rack_sizes"], nic=nic, uplink=uplink, name=name), \
             tempfile.TemporaryDirectory() as tmp:
         samples = _bench_patterns(name, Path(tmp), spec["rack_sizes"], ("world", "racks", "pairs"), sizes=sizes,
@@ -247,7 +248,7 @@ def cpu_times(strategies: Sequence[str], *, model_mb: float, steps: int, warmup:
               timeout_s: float = 900.0, progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Each strategy's job on the unshaped ``static`` cluster (stage 2)."""
     spec = emulate.SCENARIOS["static"]
-    nic, uplink = _rates("static", UNSHAPED_SCALE)
+    nic, uplink = scaled_rates("static", UNSHAPED_SCALE)
     rows = []
     with emulate.cluster(spec["rack_sizes"], nic=nic, uplink=uplink, name=name), \
             tempfile.TemporaryDirectory() as tmp:
@@ -270,7 +271,7 @@ def measure(scenarios: Sequence[str], strategies: Sequence[str], *, seeds: Seque
     rows = []
     for scenario in scenarios:
         spec = emulate.SCENARIOS[scenario]
-        nic, uplink = _rates(scenario, rate_scale)
+        nic, uplink = scaled_rates(scenario, rate_scale)
         with emulate.cluster(spec["rack_sizes"], nic=nic, uplink=uplink, name=name), \
                 tempfile.TemporaryDirectory() as tmp:
             topo = _topology_file(Path(tmp), scenario)

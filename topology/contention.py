@@ -40,14 +40,13 @@ def _nic_estimates(bw: np.ndarray, hosts: Sequence[str] | None, queued: Sequence
             for i in range(bw.shape[0]) if through_nic[i].any() and through_nic[:, i].any()}
     for i in queued if racks is not None else ():
         mates = [j for j in range(len(racks)) if racks[j] == racks[i] and j != i]
-        clear_mates = [j for j in mates if j not in queued]
-        if i in best and len(mates) >= 2 and clear_mates:
-            mates = clear_mates
+        clear = [j for j in mates if j not in queued]
+        if i in best and len(mates) >= 2 and clear:
             out, into = best[i]
             if _loaded(bw, i) == "out":
-                best[i] = (min(out, float(np.median(through_nic[i, mates]))), into)
+                best[i] = (min(out, float(np.median(through_nic[i, clear]))), into)
             else:
-                best[i] = (out, min(into, float(np.median(through_nic[mates, i]))))
+                best[i] = (out, min(into, float(np.median(through_nic[clear, i]))))
     return best
 
 
