@@ -8,7 +8,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAX_BYTES", "check_writable", "read_versioned", "write_json"]
+__all__ = ["MAX_BYTES", "check_writable", "read_versioned", "sync_folder", "write_json"]
 
 #: The largest contract file read (a topology of 100,000 workers with its matrices is far less).
 MAX_BYTES = 256 * 2**20
@@ -59,17 +59,34 @@ def read_versioned(
     return data
 
 
-def write_json(path: str | os.PathLike[str], data: Any) -> None:
+def write_json(path: str | os.PathLike[str], data: Any, *, durable: bool = False) -> None:
     """Write ``data`` as indented, strict JSON (no NaN or Infinity, which strict parsers
-    reject: ``ValueError`` instead), atomically (write a sibling, then rename)."""
+    reject: ``ValueError`` instead), atomically (write a sibling, then rename). ``durable``:
+    also flush the file and its folder to the disk, so that a crash of the host leaves either
+    the old file or the whole new one."""
     path = Path(path)
     text = json.dumps(data, indent=1, allow_nan=False) + "\n"
     tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(text)
+        with open(tmp, "w") as f:
+            f.write(text)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
+        if durable:
+            sync_folder(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def sync_folder(path: str | os.PathLike[str]) -> None:
+    """Flush the names just created or renamed in the folder ``path`` to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _no_constant(name: str) -> Any:

@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any
 
 from dssync.collectives import Communicator, Group
-from dssync.errors import ScheduleError
+from dssync.errors import DssyncError, ScheduleError
 from dssync.planning.planner import contended, plan, with_uplink_probes
 from dssync.planning.regroup import Record, cross_rack_pace, sense_contention
 from dssync.planning.schedule import Schedule
@@ -134,14 +134,29 @@ class Shuffle:
         """Restore ``state_dict()`` (call ``setup()`` after, to create the schedule's groups).
         Saved at another world size, the schedule cannot apply: the plan for this job's
         topology stays, regrouping starts afresh, and the change is recorded with its reason."""
-        if state["world_size"] != self.comm.world_size:
-            self.changes.append({"step": 0, "reason": f"resumed at {self.comm.world_size} ranks from a "
-                                 f"checkpoint of {state['world_size']}: re-planned",
-                                 "schedule": self.schedule.to_dict()})
-            return
-        self.schedule = Schedule.from_dict(state["schedule"], source="checkpoint")
-        self.start = int(state["start"])
-        uplinks, nics = state["contention"]
-        self.contention, self.pace = (list(uplinks), list(nics)), int(state["pace"])
-        self.records = [(int(s), tuple(g), float(t)) for s, g, t in state["records"]]
-        self.changes = list(state["changes"])
+        try:
+            world_size = _whole(state["world_size"])
+            if world_size != self.comm.world_size:
+                self.changes.append({"step": 0, "reason": f"resumed at {self.comm.world_size} ranks from a "
+                                     f"checkpoint of {world_size}: re-planned", "schedule": self.schedule.to_dict()})
+                return
+            schedule = Schedule.from_dict(state["schedule"], source="checkpoint")
+            start, pace = _whole(state["start"]), _whole(state["pace"])
+            uplinks, nics = state["contention"]
+            contention = ([_whole(r) for r in uplinks], [_whole(r) for r in nics])
+            records = [(_whole(s), tuple(_whole(r) for r in g), float(t)) for s, g, t in state["records"]]
+            changes = list(state["changes"])
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, DssyncError):
+                raise
+            raise DssyncError(f"rank {self.comm.rank}: the divide-and-shuffle state to resume from is malformed "
+                              f"({type(exc).__name__}: {exc}); it is not a state_dict() of this dssync") from None
+        self.schedule, self.start, self.contention, self.pace = schedule, start, contention, pace
+        self.records, self.changes = records, changes
+
+
+def _whole(value: Any) -> int:
+    """``value`` if it is a whole number (not a bool), else ``TypeError``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{value!r} is not a whole number")
+    return value

@@ -165,14 +165,28 @@ class DSSyncAverager(ModelAverager):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore ``state_dict()`` (collective when it re-plans or creates the groups of the
-        saved schedule)."""
-        self.step = int(state["step"])
-        self.shuffle.load_state_dict(state["shuffle"])
-        self.shuffle.setup()
+        saved schedule). ``state`` holds tensors and plain data only, so that a checkpoint that
+        carries it loads with ``torch.load(weights_only=True)``, torch's default; a malformed
+        one is a one-line ``DssyncError`` before anything changes."""
+        if not isinstance(state, dict) or not {"step", "shuffle", "ensemble"} <= state.keys() \
+                or isinstance(state["step"], bool) or not isinstance(state["step"], int) \
+                or not isinstance(state["shuffle"], dict) or not isinstance(state["ensemble"], dict | None):
+            raise DssyncError(f"rank {self.comm.rank}: not a DSSyncAverager.state_dict() (it has step, shuffle and "
+                              f"ensemble: a whole number, a dict, a dict or None); got {_shape(state)}")
         if (state["ensemble"] is None) != (self.swa_model is None):
             raise DssyncError("the checkpoint was written with another ensemble setting than this averager's")
+        self.shuffle.load_state_dict(state["shuffle"])
+        self.step = state["step"]
+        self.shuffle.setup()
         if self.swa_model is not None:
             self.swa_model.load_state_dict(state["ensemble"])
+
+
+def _shape(value: Any) -> str:
+    """A short description of ``value`` for an error message: its type, and a dict's keys."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!s:.20}: {type(v).__name__}" for k, v in list(value.items())[:6]) + "}"
+    return type(value).__name__
 
 
 @dataclass

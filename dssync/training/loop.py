@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from dssync.collectives import Communicator
-from dssync.errors import BackendUnavailableError, ScheduleError, TopologyError
+from dssync.errors import BackendUnavailableError, DssyncError, ScheduleError, TopologyError
 from dssync.launch import from_environ, run_ranks
 from dssync.launch.spawn import BACKENDS
 from dssync.planning.schedule import Schedule
@@ -341,26 +341,50 @@ def _resume(comm: Communicator, cfg: TrainConfig, model: torch.nn.Module, optimi
     (before ``strategy.setup()``); returns the iteration to continue from (0: none)."""
     if cfg.checkpoint is None:
         return 0
-    found = ckpt.load(cfg.checkpoint, comm, _settings(cfg))
+    try:
+        found = ckpt.load(cfg.checkpoint, comm, _settings(cfg))
+        if found is not None:
+            _restore(comm, cfg, found, model, optimizer, scheduler, strategy)
+        problem = None
+    except DssyncError as exc:
+        problem = str(exc)
+    # Every rank learns whether every rank could resume, so that one damaged file ends the job
+    # with its own message on all ranks, and no rank waits in a collective for a peer that left.
+    problem = next((p for p in comm.allgather_object(problem) if p is not None), None)
+    if problem is not None:
+        raise ckpt.CheckpointError(problem)
     if found is None:
         return 0
-    step, world_size, state = found
-    if step >= cfg.steps:
-        raise ckpt.CheckpointError(f"{cfg.checkpoint}: the run finished there (step {step} of {cfg.steps}); "
-                                   "nothing to resume")
-    model.load_state_dict(state["model"])  # copies in place: flat buffers stay bound
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    strategy.load_state_dict(state["strategy"])
-    torch.set_rng_state(state["rng"])
-    if cfg.device == "cuda" and state.get("cuda_rng") is not None:
-        torch.cuda.set_rng_state(state["cuda_rng"])
+    step, world_size, _ = found
     if comm.rank == 0:
         changed = "" if world_size == comm.world_size else \
             f"; it was written at {world_size} ranks and this job has {comm.world_size}: re-planned, rank r " \
             f"continues from rank r mod {world_size}'s model"
         print(f"dssync: resuming {cfg.strategy} at iteration {step} from {cfg.checkpoint}{changed}", file=sys.stderr)
     return step
+
+
+def _restore(comm: Communicator, cfg: TrainConfig, found: tuple[int, int, dict[str, Any]], model: torch.nn.Module,
+             optimizer: torch.optim.Optimizer, scheduler: Any, strategy: Any) -> None:
+    """Load this rank's checkpointed ``state`` into the run's parts (no collective)."""
+    step, _, state = found
+    if step >= cfg.steps:
+        raise ckpt.CheckpointError(f"{cfg.checkpoint}: the run finished there (step {step} of {cfg.steps}); "
+                                   "nothing to resume")
+    try:
+        model.load_state_dict(state["model"])  # copies in place: flat buffers stay bound
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        strategy.load_state_dict(state["strategy"])
+        torch.set_rng_state(state["rng"])
+        if cfg.device == "cuda" and state.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(state["cuda_rng"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        if isinstance(exc, DssyncError):
+            raise
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ckpt.CheckpointError(f"rank {comm.rank}: the checkpoint of step {step} in {cfg.checkpoint} does not fit "
+                                   f"this run ({type(exc).__name__}: {reason})") from None
 
 
 def _probed(comm: Communicator, cfg: TrainConfig) -> Topology | None:

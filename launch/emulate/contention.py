@@ -187,8 +187,12 @@ def _running(pid: int) -> bool:
 
 
 def _kill_flow(flow: dict) -> None:
+    """End a background flow's process groups: only those led by an iperf3 that this package
+    started (the state file's pids are checked, so a stale or edited one ends nothing else)."""
     for pid in flow.get("pids", []):
         try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+            if os.path.basename(argv0) in (b"iperf3", b"ip") and os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)
+        except (OSError, ProcessLookupError, PermissionError):
             pass

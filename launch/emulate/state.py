@@ -207,11 +207,20 @@ def load_state(name: str = DEFAULT_NAME) -> Cluster:
     path = _state_path(name)
     if not path.exists():
         raise EmulationError(f"no emulated cluster {name!r} is up; start one with `dssync emulate up`")
-    data = json.loads(path.read_text())
-    data["nic_override"] = {int(k): v for k, v in data.get("nic_override", {}).items()}
-    data["uplink_override"] = {int(k): v for k, v in data.get("uplink_override", {}).items()}
-    data["cpu_limit"] = {int(k): v for k, v in data.get("cpu_limit", {}).items()}
-    return Cluster(**data)
+    try:
+        data = json.loads(path.read_text())
+        if data.get("name") != name:  # the name goes into namespace and cgroup paths
+            raise ValueError(f"it names the cluster {data.get('name')!r}")
+        data["nic_override"] = {int(k): v for k, v in data.get("nic_override", {}).items()}
+        data["uplink_override"] = {int(k): v for k, v in data.get("uplink_override", {}).items()}
+        data["cpu_limit"] = {int(k): v for k, v in data.get("cpu_limit", {}).items()}
+        for flow in data.get("flows", []):
+            if not all(isinstance(p, int) and not isinstance(p, bool) and p > 1 for p in flow.get("pids", [])):
+                raise ValueError(f"flow {flow.get('kind')}:{flow.get('index')} has pids {flow.get('pids')!r}")
+        return Cluster(**data)
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        raise EmulationError(f"the state file {path} of cluster {name!r} is damaged ({exc}); "
+                             f"`dssync emulate down --name {name}` removes the cluster") from None
 
 
 def _existing(name: str) -> list[str]:

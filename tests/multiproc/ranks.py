@@ -479,9 +479,40 @@ def averager_loop(comm, task_name: str, steps: int, seed: int, options: dict, re
             torch.save({"model": task.model.state_dict(), "optimizer": optimizer.state_dict(),
                         "averager": averager.state_dict()}, buf)
             buf.seek(0)
-            task, optimizer, averager = build(torch.load(buf, weights_only=False, map_location=device))
+            state = torch.load(buf, weights_only=True, map_location=device)  # plain data and tensors only
+            task, optimizer, averager = build()
+            _refuses_malformed_states(averager, state["averager"])
+            task, optimizer, averager = build(state)
             first = stop
     final = averager.final_model(task.model)
     return ({k: v.clone() for k, v in task.model.state_dict().items()}, averager.step,
             [(c["step"], c["reason"]) for c in averager.schedule_changes()],
             {k: v.clone() for k, v in final.state_dict().items()})
+
+
+def _refuses_malformed_states(averager, good: dict) -> None:
+    """A malformed averager state is a one-line ``DssyncError``, and the averager is as before."""
+    import copy
+
+    from dssync.errors import DssyncError
+
+    broken = []
+    for path, value in [(("step",), "7"), (("shuffle",), [1]), (("ensemble",), "x"),
+                        (("shuffle", "start"), 2.5), (("shuffle", "records"), [(1, ("a",), 0.1)]),
+                        (("shuffle", "contention"), [[True], []]), (("shuffle", "schedule"), {"version": 1})]:
+        state = copy.deepcopy(good)
+        where = state
+        for key in path[:-1]:
+            where = where[key]
+        where[path[-1]] = value
+        broken.append(state)
+    broken.append({k: v for k, v in good.items() if k != "shuffle"})
+    before = (averager.step, averager.schedule.digest(), list(averager.schedule_changes()))
+    for state in broken:
+        try:
+            averager.load_state_dict(state)
+        except DssyncError as exc:
+            assert len(str(exc).splitlines()) == 1, str(exc)
+        else:
+            raise AssertionError(f"accepted a malformed averager state: {state!r:.200}")
+        assert (averager.step, averager.schedule.digest(), list(averager.schedule_changes())) == before
