@@ -1,0 +1,66 @@
+"""The emulated cluster's state file is read back by `emulate contend`, `run` and `down`: a
+field that becomes a namespace or cgroup path, or a process to kill, is checked first."""
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from dssync.launch.emulate import EmulationError, load_state
+from dssync.launch.emulate.contention import _kill_flow
+
+GOOD = {"name": "abc", "rack_sizes": [2, 2], "nic_bps": 10**9, "uplink_bps": 10**9, "nic_override": {},
+        "uplink_override": {}, "flows": [], "cpu_limit": {}}
+
+
+@pytest.fixture
+def state_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSSYNC_STATE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_a_well_formed_state_loads(state_dir):
+    (state_dir / "abc.json").write_text(json.dumps(GOOD))
+    assert load_state("abc").rack_sizes == [2, 2]
+
+
+@pytest.mark.parametrize(("field", "value", "needle"), [
+    ("name", "../../sys/fs/cgroup/x", "names the cluster '../../sys/fs/cgroup/x'"),
+    ("name", "other", "names the cluster 'other'"),
+    ("flows", [{"kind": "rack", "index": 0, "pids": [1]}], "flow rack:0 has pids [1]"),
+    ("flows", [{"kind": "nic", "index": 2, "pids": [True]}], "flow nic:2 has pids [True]"),
+    ("nic_override", {"x": 5}, "invalid literal"),
+    ("surprise", 1, "unexpected keyword"),
+])
+def test_a_damaged_state_file_is_one_line_naming_it(state_dir, field, value, needle):
+    (state_dir / "abc.json").write_text(json.dumps({**GOOD, field: value}))
+    with pytest.raises(EmulationError) as err:
+        load_state("abc")
+    message = str(err.value)
+    assert len(message.splitlines()) == 1 and str(state_dir / "abc.json") in message and needle in message
+
+
+def test_ending_a_flow_ends_only_an_iperf3_that_leads_its_group():
+    bystander = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        _kill_flow({"kind": "rack", "index": 0, "pids": [bystander.pid]})
+        time.sleep(0.1)
+        assert bystander.poll() is None, "a process that is not a flow's iperf3 was killed"
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_ending_a_flow_ends_its_iperf3():
+    from dssync.launch.spawn import free_port
+
+    server = subprocess.Popen(["iperf3", "-s", "-B", "127.0.0.1", "-p", str(free_port())],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        time.sleep(0.2)
+        _kill_flow({"kind": "rack", "index": 0, "pids": [server.pid]})
+        assert server.wait(timeout=5) == -9
+    finally:
+        server.kill()
+        server.wait()
