@@ -7,6 +7,7 @@ in order of creation (rank order). How long the job took to notice is printed, n
 (timing belongs in benchmarks).
 """
 
+import contextlib
 import os
 import re
 import signal
@@ -60,35 +61,54 @@ def _host_state() -> tuple[list[str], list[str]]:
 
 @pytest.fixture
 def nothing_left():
-    """After the test: no port the job listened on is open, no namespace or cgroup was added.
-    The test registers the job's processes and ports in the dict it gets."""
+    """Starts the test's job (``start(*args)``) in a process group of its own and, after the
+    test, whatever its outcome, kills that group; then checks that no process of the job is
+    left, no port it listened on is open, and no namespace or cgroup was added."""
     before = _host_state()
-    job: dict[str, object] = {"pids": [], "ports": set()}
-    yield job
+    job: dict[str, object] = {"pids": [], "ports": set(), "procs": []}
+
+    def start(*args: str, nproc: int = 4) -> tuple[subprocess.Popen, list[int]]:
+        proc = subprocess.Popen([DSSYNC, "train", "--nproc", str(nproc), "--task", "digits", "--steps", "1000000",
+                                 "--eval-every", "1000000", "--timeout", "60", "--no-progress", *args],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        job["procs"].append(proc)
+        ranks = _await(lambda: _ranks(proc.pid) if len(_ranks(proc.pid)) == nproc else None, proc,
+                       f"{nproc} ranks of `dssync train {' '.join(args)}` to start")
+        # Every rank listens once its process group is up: from then on a rank that dies is
+        # a peer the others lose, not a job that failed to start.
+        _await(lambda: all(_listening([r]) for r in ranks) or None, proc,
+               f"every rank of {ranks} to listen on a port (its process group up)")
+        job.update(pids=[proc.pid, *ranks], ports=_listening([proc.pid, *ranks]))
+        return proc, ranks
+
+    yield start
+    for proc in job["procs"]:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the group outlives its leader: ranks left behind
+        proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            pipe.close()
     pids = list(job["pids"])
     assert _wait_gone(pids) == [], f"processes {pids} of the job are still running"
     assert not (set(job["ports"]) & _listening()), f"ports {sorted(job['ports'])} of the job still listen"
     assert _host_state() == before
 
 
-def _start(*args: str, nproc: int = 4) -> tuple[subprocess.Popen, list[int]]:
-    proc = subprocess.Popen([DSSYNC, "train", "--nproc", str(nproc), "--task", "digits", "--steps", "1000000",
-                             "--eval-every", "1000000", "--timeout", "60", "--no-progress", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    ranks: list[int] = []
-    try:
-        while len(ranks) < nproc:
-            assert time.monotonic() < deadline, f"the ranks did not start: {ranks}"
-            assert proc.poll() is None, proc.communicate()
-            time.sleep(0.2)
-            ranks = _ranks(proc.pid)
-        time.sleep(6)  # past process-group set-up: training runs
-    except BaseException:
-        proc.kill()  # the ranks die with it
-        proc.communicate()
-        raise
-    return proc, ranks
+def _await(condition, proc: subprocess.Popen, what: str, seconds: float = 180):
+    """``condition()``'s first value that is not ``None``, polled until ``seconds`` pass; the
+    job ending first, or the deadline, fails the test saying what was awaited."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = condition()
+        if value is not None:
+            return value
+        if proc.poll() is not None:
+            _, err = proc.communicate()
+            raise AssertionError(f"the job ended (exit {proc.returncode}) while waiting for {what}: {err.strip()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {seconds:.0f} s for {what}")
+        time.sleep(0.2)
 
 
 def _wait_gone(pids: list[int], seconds: float = 15) -> list[int]:
@@ -100,9 +120,7 @@ def _wait_gone(pids: list[int], seconds: float = 15) -> list[int]:
 
 @pytest.mark.parametrize("strategy", ["ds-sync", "ddp", "allreduce", "asp", "psp", "sync-switch"])
 def test_a_killed_rank_is_named_and_the_job_ends(strategy, nothing_left):
-    proc, ranks = _start("--strategy", strategy)
-    nothing_left.update(pids=[proc.pid, *ranks], ports=_listening([proc.pid, *ranks]))
-    assert nothing_left["ports"], "the job listens on its rendezvous and process-group ports"
+    proc, ranks = nothing_left("--strategy", strategy)
     killed_at = time.monotonic()
     os.kill(ranks[2], signal.SIGKILL)
     try:
@@ -119,8 +137,7 @@ def test_a_killed_rank_is_named_and_the_job_ends(strategy, nothing_left):
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM", "SIGINT twice", "SIGTERM twice"])
 def test_the_ranks_end_with_their_parent(how, nothing_left):
-    proc, ranks = _start("--strategy", "ds-sync")
-    nothing_left.update(pids=[proc.pid, *ranks], ports=_listening([proc.pid, *ranks]))
+    proc, ranks = nothing_left("--strategy", "ds-sync")
     if how.endswith("twice"):
         sig = getattr(signal, how.split()[0])
         proc.send_signal(sig)
