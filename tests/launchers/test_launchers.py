@@ -157,7 +157,7 @@ def test_the_two_line_ddp_example_computes_what_dssync_train_computes(tmp_path):
     models = []
     for r in range(4):
         got = torch.load(tmp_path / "example" / f"rank{r}.pt", weights_only=True)
-        want = torch.load(tmp_path / "train" / f"step{steps}" / f"rank{r}.pt", weights_only=False)["model"]
+        want = torch.load(tmp_path / "train" / f"step{steps}" / f"rank{r}.pt", weights_only=True)["model"]
         assert got.keys() == want.keys()
         for name in want:
             assert torch.equal(got[name], want[name]), f"rank {r}: {name}"

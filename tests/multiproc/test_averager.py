@@ -27,7 +27,7 @@ def test_the_averager_computes_what_dssync_train_computes(tmp_path, options, res
                       strategy_options=strategy_options, checkpoint=str(tmp_path)), nproc=4)
     got = run_ranks(averager_loop, "digits", steps, seed, options, resume_at, nproc=4)
     for r, (params, step, changes, final) in enumerate(got):
-        want = torch.load(tmp_path / f"step{steps}" / f"rank{r}.pt", weights_only=False)
+        want = torch.load(tmp_path / f"step{steps}" / f"rank{r}.pt", weights_only=True)
         assert step == steps
         for name, tensor in want["model"].items():
             assert torch.equal(params[name], tensor), f"rank {r}: {name}"

@@ -41,7 +41,7 @@ def test_dssync_train_on_cuda_trains_every_rank_on_its_gpu(strategy, tmp_path):
     record = train(TrainConfig(strategy=strategy, task="digits", steps=120, eval_every=60, device="cuda",
                                checkpoint=str(tmp_path)), nproc=world)
     assert record["final_accuracy"] > 0.7  # chance 0.1; the CPU runs reach 0.85-0.95
-    state = torch.load(tmp_path / "step120" / "rank0.pt", weights_only=False)
+    state = torch.load(tmp_path / "step120" / "rank0.pt", weights_only=True)
     assert all(t.is_cuda for t in state["model"].values())
 
 
@@ -55,7 +55,7 @@ def test_the_averager_on_cuda_computes_what_dssync_train_computes(tmp_path):
                       checkpoint=str(tmp_path)), nproc=world)
     got = run_ranks(averager_loop, "digits", 30, 5, {}, 16, "cuda", nproc=world)
     for r, (params, *_rest) in enumerate(got):
-        want = torch.load(tmp_path / "step30" / f"rank{r}.pt", weights_only=False)["model"]
+        want = torch.load(tmp_path / "step30" / f"rank{r}.pt", weights_only=True)["model"]
         for name, tensor in want.items():
             assert params[name].is_cuda
             torch.testing.assert_close(params[name], tensor, rtol=1e-6, atol=1e-7)

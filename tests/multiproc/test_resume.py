@@ -21,7 +21,7 @@ pytestmark = pytest.mark.dist
 def _params(folder, step, world_size, key="model"):
     out = []
     for r in range(world_size):
-        state = torch.load(folder / f"step{step}" / f"rank{r}.pt", weights_only=False)
+        state = torch.load(folder / f"step{step}" / f"rank{r}.pt", weights_only=True)
         out.append(state[key] if key else state)
     return out
 

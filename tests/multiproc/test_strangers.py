@@ -17,11 +17,10 @@ from dssync.ps.framing import _HEADER, _PULL, accept_each, connect
 SECRET = bytes(range(32))
 
 STRANGER = r"""
-import socket, sys, time
+import socket, sys
 kind, port = sys.argv[1], int(sys.argv[2])
 s = socket.create_connection(("127.0.0.1", port), timeout=20)
 print("connected", flush=True)
-time.sleep(0.2)  # the server has taken the connection
 payload = {
     "silent": b"",
     "garbage": bytes(range(256)) * 4,
