@@ -255,16 +255,24 @@ def _spawn(fn: Callable[..., Any], args: tuple[Any, ...], nproc: int,
                                f"{rank}: {seen}", tb)
         finished = failure is None
     finally:
-        # Anything but a clean finish (a failure, Ctrl-C, SIGTERM) ends every rank at once.
-        if not finished:
+        try:
+            # Anything but a clean finish (a failure, Ctrl-C, SIGTERM) ends every rank at once.
+            if not finished:
+                for p in procs:
+                    if p.is_alive():
+                        p.terminate()
+            for p in procs:
+                p.join(timeout=10 if finished else 2)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+        except BaseException:
+            # A second Ctrl-C or SIGTERM while the ranks are ending: end them now. Left
+            # running, multiprocessing would wait for them when this process exits.
             for p in procs:
                 if p.is_alive():
-                    p.terminate()
-        for p in procs:
-            p.join(timeout=10 if finished else 2)
-            if p.is_alive():
-                p.kill()
-                p.join()
+                    p.kill()
+            raise
     if failure is not None:
         rank, message, tb = failure
         if os.environ.get("DSSYNC_DEBUG"):

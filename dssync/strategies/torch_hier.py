@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -32,11 +32,13 @@ from torch import nn
 from torch.distributed.algorithms.model_averaging.hierarchical_model_averager import (
     HierarchicalModelAverager,
 )
-from torch.distributed.optim import PostLocalSGDOptimizer
 
 from dssync.errors import DssyncError
 from dssync.strategies.base import Strategy, StrategyContext, world_average
 from dssync.strategies.ddp import require_torch_distributed
+
+if TYPE_CHECKING:  # torch.distributed.optim imports FSDP and DTensor: a third of a rank's start-up
+    from torch.distributed.optim import PostLocalSGDOptimizer
 
 __all__ = ["TorchHierStrategy", "rack_averager"]
 
@@ -82,6 +84,8 @@ class TorchHierStrategy(Strategy):
         self.optimizer: PostLocalSGDOptimizer | None = None
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        from torch.distributed.optim import PostLocalSGDOptimizer
+
         # The averager needs process groups, which setup() makes; it is put in then.
         self.optimizer = PostLocalSGDOptimizer(optimizer, averager=None)  # type: ignore[arg-type]
         return self.optimizer
