@@ -67,7 +67,9 @@ def nothing_left():
     before = _host_state()
     job: dict[str, object] = {"pids": [], "ports": set(), "procs": []}
 
-    def start(*args: str, nproc: int = 4) -> tuple[subprocess.Popen, list[int]]:
+    def start(*args: str, nproc: int = 4, training: Path | None = None) -> tuple[subprocess.Popen, list[int]]:
+        """``training``: a checkpoint folder the job writes to every few iterations; then the
+        job counts as started once its first checkpoint is there (training runs)."""
         proc = subprocess.Popen([DSSYNC, "train", "--nproc", str(nproc), "--task", "digits", "--steps", "1000000",
                                  "--eval-every", "1000000", "--timeout", "60", "--no-progress", *args],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
@@ -80,6 +82,9 @@ def nothing_left():
         _await(lambda: all(_listening([r]) for r in ranks) or None, proc,
                f"every rank of {ranks} to listen on a port (its process group up)")
         job.update(pids=[proc.pid, *ranks], ports=_listening([proc.pid, *ranks]))
+        if training is not None:
+            _await(lambda: (training / "latest.json").exists() or None, proc,
+                   f"the first checkpoint in {training} (training under way)")
         return proc, ranks
 
     yield start
@@ -136,8 +141,10 @@ def test_a_killed_rank_is_named_and_the_job_ends(strategy, nothing_left):
 
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM", "SIGINT twice", "SIGTERM twice"])
-def test_the_ranks_end_with_their_parent(how, nothing_left):
-    proc, ranks = nothing_left("--strategy", "ds-sync")
+def test_the_ranks_end_with_their_parent(how, nothing_left, tmp_path):
+    # Signalled while training runs; a signal during the ranks' set-up is another case.
+    proc, ranks = nothing_left("--strategy", "ds-sync", "--checkpoint", str(tmp_path / "c"),
+                               "--checkpoint-every", "20", training=tmp_path / "c")
     if how.endswith("twice"):
         sig = getattr(signal, how.split()[0])
         proc.send_signal(sig)
