@@ -8,7 +8,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAX_BYTES", "check_writable", "read_versioned", "sync_folder", "write_json"]
+__all__ = ["MAX_BYTES", "check_writable", "is_whole", "read_versioned", "sync_folder", "write_json"]
 
 #: The largest contract file read (a topology of 100,000 workers with its matrices is far less).
 MAX_BYTES = 256 * 2**20
@@ -87,6 +87,11 @@ def sync_folder(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def is_whole(value: Any) -> bool:
+    """Whether ``value`` is a whole number as JSON and plain-data state carry one (a bool is not)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _no_constant(name: str) -> Any:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from dssync._jsonfile import is_whole
 from dssync.collectives import Communicator, Group
 from dssync.errors import DssyncError, ScheduleError
 from dssync.planning.planner import contended, plan, with_uplink_probes
@@ -156,7 +157,7 @@ class Shuffle:
 
 
 def _whole(value: Any) -> int:
-    """``value`` if it is a whole number (not a bool), else ``TypeError``."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    """``value`` if it is a whole number, else ``TypeError``."""
+    if not is_whole(value):
         raise TypeError(f"{value!r} is not a whole number")
     return value

@@ -37,6 +37,7 @@ from torch.distributed.algorithms.model_averaging.averagers import ModelAverager
 from torch.distributed.algorithms.model_averaging.utils import get_params_to_average
 from torch.optim.swa_utils import AveragedModel
 
+from dssync._jsonfile import is_whole
 from dssync.collectives.torch_dist import TorchCommunicator
 from dssync.errors import DssyncError
 from dssync.planning.schedule import Schedule
@@ -169,7 +170,7 @@ class DSSyncAverager(ModelAverager):
         carries it loads with ``torch.load(weights_only=True)``, torch's default; a malformed
         one is a one-line ``DssyncError`` before anything changes."""
         if not isinstance(state, dict) or not {"step", "shuffle", "ensemble"} <= state.keys() \
-                or isinstance(state["step"], bool) or not isinstance(state["step"], int) \
+                or not is_whole(state["step"]) \
                 or not isinstance(state["shuffle"], dict) or not isinstance(state["ensemble"], dict | None):
             raise DssyncError(f"rank {self.comm.rank}: not a DSSyncAverager.state_dict() (it has step, shuffle and "
                               f"ensemble: a whole number, a dict, a dict or None); got {_shape(state)}")

@@ -29,16 +29,19 @@ import pickle
 import re
 import shutil
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
-from dssync._jsonfile import read_versioned, sync_folder, write_json
+from dssync._jsonfile import is_whole, read_versioned, sync_folder, write_json
 from dssync.collectives import Communicator
 from dssync.errors import DssyncError
 
-__all__ = ["CheckpointError", "check", "load", "read_state", "save", "step_name"]
+__all__ = ["CheckpointError", "check", "load", "read_state", "save", "step_name", "together"]
+
+T = TypeVar("T")
 
 #: The settings a resumed run must share with the run that wrote the checkpoint.
 KEPT = ("strategy", "task", "seed", "batch_size", "lr", "momentum", "steps", "model_mb", "lr_schedule",
@@ -83,25 +86,27 @@ def save(folder: str | os.PathLike[str], comm: Communicator, step: int, state: d
             if old.name != target.name and STEP_FOLDER.fullmatch(old.name):
                 _remove(old)
 
-    _together(comm, prepare if comm.rank == 0 else None)
-    _together(comm, write)
-    _together(comm, commit if comm.rank == 0 else None)
+    together(comm, prepare if comm.rank == 0 else None)
+    together(comm, write)
+    together(comm, commit if comm.rank == 0 else None)
     return target
 
 
-def _together(comm: Communicator, part: Any) -> None:
-    """Run ``part`` (on the ranks that have one), then learn whether it failed on any rank
-    (collective): every rank raises the first failure's one-line message, so that no rank
-    waits for a peer that left and the job ends with the cause."""
-    problem = None
+def together(comm: Communicator, part: Callable[[], T] | None) -> T | None:
+    """Run ``part`` (on the ranks that have one) and return its result, once every rank has
+    learnt whether it failed anywhere (collective): on a failure every rank raises the first
+    failing rank's one-line message, so that no rank waits for a peer that left and the job
+    ends with the cause."""
+    problem, result = None, None
     if part is not None:
         try:
-            part()
+            result = part()
         except (OSError, DssyncError) as exc:
-            problem = str(exc) if isinstance(exc, DssyncError) else f"rank {comm.rank}: cannot write the checkpoint: {exc}"
+            problem = str(exc) if isinstance(exc, DssyncError) else f"rank {comm.rank}: checkpoint: {exc}"
     problem = next((p for p in comm.allgather_object(problem) if p is not None), None)
     if problem is not None:
         raise CheckpointError(problem)
+    return result
 
 
 def step_name(step: int) -> str:
@@ -182,7 +187,7 @@ def _read_latest(path: Path) -> dict[str, Any]:
     meta = read_versioned(path, kind="checkpoint index", version=1, error=CheckpointError)
     try:
         step, world_size, folder = meta["step"], meta["world_size"], meta["folder"]
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (step, world_size)) \
+        if not (is_whole(step) and is_whole(world_size)) \
                 or step < 0 or world_size < 1:
             raise ValueError(f"step {step!r} and world_size {world_size!r} must be whole numbers, step 0 or more "
                              "and world_size 1 or more")

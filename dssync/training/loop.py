@@ -341,18 +341,16 @@ def _resume(comm: Communicator, cfg: TrainConfig, model: torch.nn.Module, optimi
     (before ``strategy.setup()``); returns the iteration to continue from (0: none)."""
     if cfg.checkpoint is None:
         return 0
-    try:
+
+    def read_and_restore() -> tuple[int, int, dict[str, Any]] | None:
         found = ckpt.load(cfg.checkpoint, comm, _settings(cfg))
         if found is not None:
             _restore(comm, cfg, found, model, optimizer, scheduler, strategy)
-        problem = None
-    except DssyncError as exc:
-        problem = str(exc)
-    # Every rank learns whether every rank could resume, so that one damaged file ends the job
-    # with its own message on all ranks, and no rank waits in a collective for a peer that left.
-    problem = next((p for p in comm.allgather_object(problem) if p is not None), None)
-    if problem is not None:
-        raise ckpt.CheckpointError(problem)
+        return found
+
+    # Every rank learns whether every rank could resume: one damaged file ends the job with its
+    # own message on all ranks, and no rank waits in a collective for a peer that left.
+    found = ckpt.together(comm, read_and_restore)
     if found is None:
         return 0
     step, world_size, _ = found
