@@ -13,8 +13,6 @@ from itertools import combinations
 from typing import Any
 
 import numpy as np
-from scipy.cluster.hierarchy import DisjointSet, fcluster, linkage
-from scipy.spatial.distance import squareform
 
 from dssync.topology.matrices import (
     DEFAULT_RACK_GAP,
@@ -306,6 +304,9 @@ def _margins(dist: np.ndarray, ranks: list[int], groups: list[list[int]]) -> dic
 
 def _merge_groups_by_host(groups: list[list[int]], hosts: Sequence[str]) -> list[list[int]]:
     """Groups joined wherever two of their ranks share a host (never split)."""
+    # scipy is imported where it is used: a rank that never clusters does not pay for it.
+    from scipy.cluster.hierarchy import DisjointSet
+
     ranks = [i for members in groups for i in members]
     union = DisjointSet(ranks)
     for members in groups:
@@ -352,6 +353,9 @@ def _with_profile(ratio: np.ndarray | None, known: np.ndarray, gap: float) -> np
 
 
 def _cluster(dist: np.ndarray, gap: float) -> list[int]:
+    from scipy.cluster.hierarchy import fcluster, linkage
+    from scipy.spatial.distance import squareform
+
     tree = linkage(squareform(dist, checks=False), method="average")
     return [int(x) for x in fcluster(tree, t=1.0 + gap, criterion="distance")]
 

@@ -33,15 +33,15 @@ import os
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import scipy.linalg
-import scipy.sparse
-import scipy.sparse.csgraph
 
 from dssync._jsonfile import read_versioned, write_json
 from dssync.errors import ScheduleError
+
+if TYPE_CHECKING:  # scipy.sparse is imported where it is used: a rank that only reads a schedule never needs it
+    import scipy.sparse
 
 __all__ = ["COMPACT_VERSION", "SCHEDULE_VERSION", "Group", "Partition", "Schedule", "averaging_matrix",
            "connected", "mixing_rho"]
@@ -87,7 +87,7 @@ def mixing_rho(period: Sequence[Sequence[Sequence[int]]], world_size: int) -> fl
     product = np.eye(world_size)
     for partition in period:
         product = averaging_matrix(partition, world_size) @ product
-    moduli = np.sort(np.abs(scipy.linalg.eigvals(product)))[::-1]
+    moduli = np.sort(np.abs(np.linalg.eigvals(product)))[::-1]
     return float(min(1.0, moduli[1]))
 
 
@@ -141,6 +141,8 @@ def _chain(rounds: Sequence[Sequence[Group]], block_of: np.ndarray,
            block_sizes: np.ndarray) -> tuple[list[scipy.sparse.csr_matrix], np.ndarray]:
     """The period as group-to-group averaging steps ``T_t`` (round t's values to round
     t+1's, the last step back to round 0), and round 0's group sizes."""
+    import scipy.sparse
+
     steps, sizes0 = [], None
     for now, nxt, h, g, overlap in _transitions(rounds, block_of, block_sizes):
         sizes0 = now.sizes if sizes0 is None else sizes0
@@ -160,6 +162,9 @@ def connected(world_size: int, blocks: Sequence[Sequence[int]], rounds: Sequence
     rows = np.concatenate([offsets[t] + g for t, (_, _, _, g, _) in enumerate(built)])
     cols = np.concatenate([offsets[(t + 1) % len(built)] + h for t, (_, _, h, _, _) in enumerate(built)])
     total = int(offsets[-1])
+    import scipy.sparse
+    import scipy.sparse.csgraph
+
     graph = scipy.sparse.coo_matrix((np.ones(len(rows)), (rows, cols)), shape=(total, total))
     return scipy.sparse.csgraph.connected_components(graph, directed=False)[0] == 1
 
@@ -180,7 +185,7 @@ def _chain_rho(steps: list[scipy.sparse.csr_matrix], sizes0: Sequence[int]) -> f
         product = np.eye(g0)
         for step in steps:
             product = step @ product
-        moduli = np.sort(np.abs(scipy.linalg.eigvals(product)))[::-1]
+        moduli = np.sort(np.abs(np.linalg.eigvals(product)))[::-1]
         return float(min(1.0, moduli[1]))
     from scipy.sparse.linalg import LinearOperator, eigs
 
