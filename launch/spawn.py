@@ -20,6 +20,7 @@ import queue
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -200,31 +201,55 @@ def _run_launched(env: LaunchEnv, fn: Callable[..., Any], args: tuple[Any, ...],
         _teardown(backend)
 
 
+@contextlib.contextmanager
+def _signals_deferred() -> Any:
+    """Hold SIGINT and SIGTERM for the block and act on them when it ends. Starting a rank
+    writes its whole start-up state to it; cut short, the rank dies reading it and the
+    parent has not yet counted it among the ranks it must end."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    saved = {sig: signal.signal(sig, lambda signum, frame: held.append(signum))
+             for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        for sig in dict.fromkeys(held):
+            signal.raise_signal(sig)  # now, under the handler that was in place
+
+
 def _spawn(fn: Callable[..., Any], args: tuple[Any, ...], nproc: int,
            timeout_s: float, job_timeout_s: float | None) -> list[Any]:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     init_method = f"tcp://127.0.0.1:{free_port()}"
     saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME")}
-    os.environ["OMP_NUM_THREADS"] = "1"
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # local ranks talk over loopback only
-    try:
-        procs = [ctx.Process(target=_child, args=(r, nproc, init_method, timeout_s, fn, args, results, os.getpid()),
-                             name=f"dssync-rank{r}") for r in range(nproc)]
-        for p in procs:
-            p.start()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     out: list[Any] = [None] * nproc
     done: set[int] = set()
     failure: tuple[int, str, str] | None = None
     deadline = None if job_timeout_s is None else time.monotonic() + job_timeout_s
     finished = False
+    procs: list[Any] = []
     try:
+        # Started inside the try: a Ctrl-C while the later ranks start still ends the earlier ones.
+        os.environ["OMP_NUM_THREADS"] = "1"
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # local ranks talk over loopback only
+        try:
+            for r in range(nproc):
+                proc = ctx.Process(target=_child, name=f"dssync-rank{r}",
+                                   args=(r, nproc, init_method, timeout_s, fn, args, results, os.getpid()))
+                with _signals_deferred():
+                    proc.start()
+                    procs.append(proc)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         while len(done) < nproc and failure is None:
             try:
                 rank, ok, value, tb = results.get(timeout=0.2)
@@ -272,6 +297,8 @@ def _spawn(fn: Callable[..., Any], args: tuple[Any, ...], nproc: int,
             for p in procs:
                 if p.is_alive():
                     p.kill()
+            for p in procs:
+                p.join(timeout=5)
             raise
     if failure is not None:
         rank, message, tb = failure

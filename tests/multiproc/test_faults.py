@@ -67,14 +67,21 @@ def nothing_left():
     before = _host_state()
     job: dict[str, object] = {"pids": [], "ports": set(), "procs": []}
 
-    def start(*args: str, nproc: int = 4, training: Path | None = None) -> tuple[subprocess.Popen, list[int]]:
+    def start(*args: str, nproc: int = 4, training: Path | None = None,
+              spawned: int | None = None) -> tuple[subprocess.Popen, list[int]]:
         """``training``: a checkpoint folder the job writes to every few iterations; then the
-        job counts as started once its first checkpoint is there (training runs)."""
+        job counts as started once its first checkpoint is there (training runs).
+        ``spawned``: return as soon as that many ranks exist (the job is still starting)."""
         proc = subprocess.Popen([DSSYNC, "train", "--nproc", str(nproc), "--task", "digits", "--steps", "1000000",
                                  "--eval-every", "1000000", "--timeout", "60", "--no-progress", *args],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
         job["procs"].append(proc)
+        if spawned is not None:
+            ranks = _await(lambda: _ranks(proc.pid) if len(_ranks(proc.pid)) >= spawned else None, proc,
+                           f"{spawned} ranks of `dssync train {' '.join(args)}` to start", poll=0.005)
+            job.update(pids=[proc.pid, *ranks])
+            return proc, ranks
         ranks = _await(lambda: _ranks(proc.pid) if len(_ranks(proc.pid)) == nproc else None, proc,
                        f"{nproc} ranks of `dssync train {' '.join(args)}` to start")
         # Every rank listens once its process group is up: from then on a rank that dies is
@@ -100,7 +107,7 @@ def nothing_left():
     assert _host_state() == before
 
 
-def _await(condition, proc: subprocess.Popen, what: str, seconds: float = 180):
+def _await(condition, proc: subprocess.Popen, what: str, seconds: float = 180, poll: float = 0.2):
     """``condition()``'s first value that is not ``None``, polled until ``seconds`` pass; the
     job ending first, or the deadline, fails the test saying what was awaited."""
     deadline = time.monotonic() + seconds
@@ -113,7 +120,7 @@ def _await(condition, proc: subprocess.Popen, what: str, seconds: float = 180):
             raise AssertionError(f"the job ended (exit {proc.returncode}) while waiting for {what}: {err.strip()}")
         if time.monotonic() > deadline:
             raise AssertionError(f"waited {seconds:.0f} s for {what}")
-        time.sleep(0.2)
+        time.sleep(poll)
 
 
 def _wait_gone(pids: list[int], seconds: float = 15) -> list[int]:
@@ -163,3 +170,16 @@ def test_the_ranks_end_with_their_parent(how, nothing_left, tmp_path):
     if how != "SIGKILL":  # a second Ctrl-C or SIGTERM may end it by the signal itself
         assert proc.returncode in (130, 128 + signal.SIGTERM, -signal.SIGINT, -signal.SIGTERM), (proc.returncode, err)
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_ctrl_c_while_the_ranks_start_ends_the_job_and_every_rank(nothing_left):
+    """Ctrl-C while the parent is still starting its ranks: the ones already started end
+    with it, and none is left waiting for peers that were never started."""
+    proc, started = nothing_left("--strategy", "ds-sync", spawned=1)
+    proc.send_signal(signal.SIGINT)
+    stopped_at = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    print(f"the job ended {time.monotonic() - stopped_at:.1f} s after Ctrl-C, {len(started)} rank(s) started by then")
+    assert proc.returncode in (130, -signal.SIGINT), (proc.returncode, err)
+    assert err.strip().splitlines() == ["dssync train: interrupted"], err
+    assert _wait_gone(started) == []
