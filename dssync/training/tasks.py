@@ -8,8 +8,13 @@ deals it (``Task.sampler``).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -81,16 +86,41 @@ class Task:
 def _digits(seed: int, model_mb: float) -> Task:
     """scikit-learn's handwritten digits (1797 8x8 images, ships with scikit-learn); a
     two-layer MLP; a stratified 25 % held-out test split, fixed across seeds."""
+    xtr, xte, ytr, yte = _digits_split()
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    return Task("digits", model, torch.from_numpy(xtr), torch.from_numpy(ytr),
+                torch.from_numpy(xte), torch.from_numpy(yte))
+
+
+def _digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The digits' train and test arrays. Splitting them takes scikit-learn, which costs a
+    second of import in every rank; the split is computed once per scikit-learn version and
+    kept in ``$DSSYNC_CACHE`` (default ``~/.cache/dssync``) as plain arrays."""
+    from importlib.metadata import version
+
+    cache = Path(os.environ.get("DSSYNC_CACHE", Path.home() / ".cache" / "dssync"))
+    path = cache / f"digits-split-sklearn{version('scikit-learn')}.npz"
+    with contextlib.suppress(OSError, KeyError, ValueError, zipfile.BadZipFile):
+        with np.load(path) as kept:  # allow_pickle stays False: arrays only
+            return kept["xtr"], kept["xte"], kept["ytr"], kept["yte"]
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
     x, y = load_digits(return_X_y=True)
     x = (x / 16.0).astype(np.float32)
     xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.25, random_state=0, stratify=y)
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
-    return Task("digits", model, torch.from_numpy(xtr), torch.from_numpy(ytr),
-                torch.from_numpy(xte), torch.from_numpy(yte))
+    with contextlib.suppress(OSError):  # a cache that cannot be written only costs time
+        cache.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cache, suffix=".npz")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, xtr=xtr, xte=xte, ytr=ytr, yte=yte)
+            os.replace(tmp, path)  # whole or absent: ranks may read it while another writes
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+    return xtr, xte, ytr, yte
 
 
 def _synthetic(seed: int, model_mb: float) -> Task:
@@ -163,7 +193,6 @@ def _mnist_data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tenso
     import gzip
     import importlib.util
     import pickle
-    from pathlib import Path
 
     spec = importlib.util.find_spec("mnist")
     path = None if spec is None or spec.origin is None else Path(spec.origin).parent / "data" / "mnist.pkl.gz"

@@ -66,3 +66,26 @@ def test_mnist_cnn_has_its_parameters_in_the_dense_layers():
     sizes = [sum(p.numel() for p in m.parameters()) for m in layers]
     assert [type(m).__name__ for m in layers] == ["Conv2d", "Conv2d", "Linear", "Linear"]
     assert sizes[2] > 0.95 * sum(sizes)  # 4608x128: the allreduce worth overlapping
+
+
+@pytest.mark.parametrize("kept", ["none", "whole", "damaged"])
+def test_the_digits_split_is_scikit_learns_whatever_the_cache_holds(kept, tmp_path, monkeypatch):
+    """The split every rank reads from the cache is scikit-learn's stratified split, and a
+    damaged cache file is recomputed, not trusted."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    from dssync.training import tasks
+
+    x, y = load_digits(return_X_y=True)
+    expected = train_test_split((x / 16.0).astype(np.float32), y, test_size=0.25, random_state=0, stratify=y)
+    monkeypatch.setenv("DSSYNC_CACHE", str(tmp_path))
+    if kept != "none":
+        tasks._digits_split()
+    if kept == "damaged":
+        (path,) = tmp_path.glob("digits-split-*.npz")
+        path.write_bytes(path.read_bytes()[:1000])
+    got = tasks._digits_split()
+    assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
+    assert [p.suffix for p in tmp_path.iterdir()] == [".npz"]  # no temporary file left
