@@ -727,3 +727,37 @@ def test_a_clear_nic_whose_pings_wait_beside_a_queued_rack_mate_is_not_flagged(s
     assert queued == sorted({q, p})
     found = classify_contention(bw, racks, queued=queued)
     assert [x["rank"] for x in found["nics"]] == contended and found["uplinks"] == []
+
+
+BUSY = json.loads((Path(__file__).parent / "data" / "emulated_probes.json").read_text())["busy_host_splits"]
+
+
+@pytest.mark.parametrize("probe", BUSY, ids=[p["layout"] for p in BUSY])
+def test_a_rack_split_on_a_busy_host_is_unsure_and_a_second_pass_mends_it(probe):
+    """Recorded on two cores shared with other work: one pass of the pairs split a rack.
+    The fit says it is unsure, so ``dssync probe`` measures every pair again; each path's
+    best of that pass and another (here the layout's recorded passes, made on a quiet
+    machine) gives the layout as built, with confidence."""
+    from dssync.probing.probe import best_paths
+    from dssync.topology.racks import fit_racks
+
+    hosts = [f"w{i}" for i in range(sum(probe["rack_sizes"]))]
+    busy = (np.asarray(probe["latency_us"]), np.asarray(probe["bandwidth_gbps"]))
+    fit = fit_racks(*busy, hosts)
+    assert fit.racks() == probe["found_racks"] != layout(probe["rack_sizes"])
+    assert not fit.confidence()["confident"]
+    others = [p for p in RECORDED if p["layout"] == probe["layout"]]
+    assert others
+    for other in others:
+        mended = fit_racks(*best_paths(busy, (np.asarray(other["latency_us"]), np.asarray(other["bandwidth_gbps"]))),
+                           hosts)
+        assert mended.racks() == layout(probe["rack_sizes"]) and mended.confidence()["confident"]
+
+
+def test_best_paths_keeps_each_paths_lowest_measured_latency_and_highest_bandwidth():
+    first = (np.array([[0.0, 5.0], [0.0, 0.0]]), np.array([[0.0, 1.0], [0.5, 0.0]]))
+    again = (np.array([[0.0, 7.0], [3.0, 0.0]]), np.array([[0.0, 0.8], [0.9, 0.0]]))
+    from dssync.probing.probe import best_paths
+
+    lat, bw = best_paths(first, again)
+    assert lat.tolist() == [[0.0, 5.0], [3.0, 0.0]] and bw.tolist() == [[0.0, 1.0], [0.9, 0.0]]
