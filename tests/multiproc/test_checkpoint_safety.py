@@ -38,7 +38,7 @@ def train_args(steps: int) -> list[str]:
 
 
 TRAIN = train_args(40)
-KILLED_STEPS = 60
+KILLED_STEPS = 30
 
 
 def dssync(*args, cwd):
@@ -203,7 +203,7 @@ def test_read_state_refuses_a_file_that_is_not_a_state(tmp_path):
 
 
 # -- killed while saving -----------------------------------------------------------------------
-KILLS = 20
+KILLS = 8
 
 
 def _descendants(pid: int) -> list[int]:

@@ -44,8 +44,9 @@ def _assert_identical(tmp_path, world_size, step):
             assert torch.equal(a[name], b[name]), f"rank {r}: {name} differs after resuming"
 
 
-@pytest.mark.parametrize("world_size", [4, 8])
-@pytest.mark.parametrize("strategy", ["ds-sync", "ddp", "allreduce"])
+# ds-sync at 8 ranks too: two racks, so the schedule's period spans shuffles across racks.
+# ddp's and allreduce's state does not change with the world size.
+@pytest.mark.parametrize(("strategy", "world_size"), [("ds-sync", 4), ("ds-sync", 8), ("ddp", 4), ("allreduce", 4)])
 def test_a_resumed_run_is_bit_identical_to_one_that_never_stopped(tmp_path, strategy, world_size):
     # k = 23: not a multiple of the schedule's period, of an epoch (digits: 42 batches of 32
     # at 1 rank; 10 at 4 ranks, 5 at 8), nor of the evaluation interval.
