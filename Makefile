@@ -11,7 +11,7 @@ SYSTEM_PACKAGES := openmpi-bin libopenmpi-dev iperf3 iproute2 cmake g++
 STAMP := $(VENV)/.dssync-installed
 HOROVOD_STAMP := $(VENV)/.horovod-installed
 
-.PHONY: demo test install horovod system-deps lint clean
+.PHONY: demo test test-busy install horovod system-deps lint clean
 
 demo: install
 	$(VENV)/bin/dssync demo
@@ -21,6 +21,13 @@ demo: install
 test: install horovod
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# The whole suite again with one core kept busy by another process (a spinning Python loop
+# at normal priority), as on a shared machine; the spinner ends with the suite, however it ends.
+test-busy: install horovod
+	$(PY) -m ruff check .
+	$(PY) -c "while True: pass" & busy=$$!; trap "kill $$busy" EXIT; \
+	  echo "one core kept busy by process $$busy"; $(PY) -m pytest -q -p no:cacheprovider
 
 install: system-deps $(STAMP)
 
