@@ -211,42 +211,57 @@ def _cpu_quota(name: str, rank: int) -> str:
             else (group / "cpu.cfs_quota_us").read_text().strip())
 
 
+def _until(condition, what: str, seconds: float = 20.0):
+    """Polls ``condition()`` until it is true; returns the wall time it was first seen so.
+    The deadline fails the test saying what was awaited."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {seconds:.0f} s for {what}"
+        time.sleep(0.02)
+    return time.time()
+
+
 def test_a_cpu_episode_caps_the_worker_during_it_and_not_after(name):
     import sys
 
-    # Worker 1 burns CPU for 4 s and prints, per half second since T0, the share of a core it got.
+    # Worker 1 burns CPU for 4 s and prints, per half second, the wall time the half second
+    # began and the share of a core it got. The episode's start and end are taken from the
+    # cgroup as it changes, so a slow start of the job on a busy machine shifts nothing.
     burn = ("import os, sys, time\n"
             "if os.environ['RANK'] != '1': sys.exit(0)\n"
-            "t0 = float(sys.argv[1])\n"
+            "t0 = time.time()\n"
             "while time.time() - t0 < 4.0:\n"
             "    wall, cpu = time.time(), time.process_time()\n"
             "    while time.time() - wall < 0.5: pass\n"
-            "    print(f'{wall - t0:.2f} {(time.process_time() - cpu) / (time.time() - wall):.3f}', flush=True)\n")
+            "    print(f'{wall:.3f} {(time.process_time() - cpu) / (time.time() - wall):.3f}', flush=True)\n")
     with emulate.cluster([2], nic="200mbit", uplink="200mbit", name=name):
         out = io.StringIO()
-        t0 = time.time()
         runner, result = _run_in_background(
-            command=[sys.executable, "-c", burn, str(t0)], name=name, out=out, timeout_s=20,
+            command=[sys.executable, "-c", burn], name=name, out=out, timeout_s=60,
             episodes=[emulate.parse_episode("1:cpu=0.1@0.5+2"),  # from 0.5 s to 2.5 s
                       emulate.parse_episode("0:cpu=0.3@0+60")])  # still on when the job ends
-        time.sleep(max(0.0, t0 + 1.5 - time.time()))
-        during = _cpu_quota(name, 1), _cpu_quota(name, 0)
-        time.sleep(max(0.0, t0 + 3.5 - time.time()))
-        after = _cpu_quota(name, 1)
-        runner.join(timeout=20)
+        # the worker's cgroup is made as the job starts
+        capped_at = _until(lambda: emulate._cpu_cgroup(name, 1).exists() and _cpu_quota(name, 1) == "10000",
+                           "worker 1's episode to cap it")
+        other = _cpu_quota(name, 0)
+        freed_at = _until(lambda: _cpu_quota(name, 1) in ("-1", "max"), "worker 1's episode to end")
+        runner.join(timeout=60)
         assert result.get("code") == 0, out.getvalue()
-        assert during == ("10000", "30000")  # 0.1 and 0.3 of a 100 ms period
-        assert after in ("-1", "max")
-        assert _cpu_quota(name, 0) in ("-1", "max")  # undone when the job ended, 56 s early
+        assert other == "30000"  # 0.1 and 0.3 of a 100 ms period
+        assert 1.5 < freed_at - capped_at < 2.5, (capped_at, freed_at)
+        assert _cpu_quota(name, 0) in ("-1", "max")  # undone when the job ended, long before its end
         lines = out.getvalue().splitlines()
         shares = [tuple(map(float, line.split()[1:])) for line in lines if line.startswith("[w1] ")]
-        capped = [share for at, share in shares if 0.6 < at and at + 0.5 < 2.4]
-        free = [share for at, share in shares if at > 2.6]
+        capped = [share for at, share in shares if capped_at < at and at + 0.5 < freed_at - 0.1]
+        free = [share for at, share in shares if at > freed_at]
         assert capped and free, lines
-        assert max(capped) < 0.3 and max(free) > 0.5, shares  # the cap bit, and only during the episode
-        assert re.search(r"^\[episode\] worker 1: cpu 0\.1 cores \(at 0\.\d s, for 2 s\)$", out.getvalue(), re.M)
-        assert re.search(r"^\[episode\] worker 1: cpu restored \(at 2\.\d s\)$", out.getvalue(), re.M)
-        assert re.search(r"^\[episode\] worker 0: cpu restored \(at [34]\.\d s\)$", out.getvalue(), re.M)
+        # The cap bit (0.1 of a core, half of that again for the period's granularity), and
+        # only during the episode: after it the worker gets more than the cap allows, as much
+        # as the machine's other work leaves it.
+        assert max(capped) < 0.15 < max(free), shares
+        assert re.search(r"^\[episode\] worker 1: cpu 0\.1 cores \(at \d+\.\d s, for 2 s\)$", out.getvalue(), re.M)
+        assert re.search(r"^\[episode\] worker 1: cpu restored \(at \d+\.\d s\)$", out.getvalue(), re.M)
+        assert re.search(r"^\[episode\] worker 0: cpu restored \(at \d+\.\d s\)$", out.getvalue(), re.M)
     assert not emulate._cpu_cgroup(name, 1).exists()  # down took the cgroups with it
 
 
@@ -259,16 +274,14 @@ def test_a_nic_episode_reshapes_the_workers_nic_both_ways_and_restores_it(name):
 
     with emulate.cluster([2], nic="200mbit", uplink="200mbit", name=name) as c:
         out = io.StringIO()
-        t0 = time.monotonic()
-        runner, result = _run_in_background(command=["sleep", "2.5"], name=name, out=out, timeout_s=20,
+        assert rates(c) == ["200Mbit", "200Mbit"]
+        runner, result = _run_in_background(command=["sleep", "4"], name=name, out=out, timeout_s=60,
                                             episodes=[emulate.parse_episode("1:nic=50mbit@0.3+1.2")])
-        time.sleep(max(0.0, t0 + 1.0 - time.monotonic()))
-        during = rates(c)
-        time.sleep(max(0.0, t0 + 2.2 - time.monotonic()))
-        after = rates(c)
-        runner.join(timeout=20)
+        _until(lambda: rates(c) == ["50Mbit", "50Mbit"], "worker 1's NIC to be reshaped both ways")
+        _until(lambda: rates(c) == ["200Mbit", "200Mbit"], "worker 1's NIC to be restored both ways")
+        assert runner.is_alive()  # restored by the episode's end, not by the job's
+        runner.join(timeout=60)
         assert result.get("code") == 0, out.getvalue()
-        assert during == ["50Mbit", "50Mbit"] and after == ["200Mbit", "200Mbit"], (during, after)
         assert "[episode] worker 1: nic restored to 200 Mbit/s" in out.getvalue()
 
 

@@ -149,7 +149,7 @@ def test_a_killed_rank_is_named_and_the_job_ends(strategy, nothing_left):
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM", "SIGINT twice", "SIGTERM twice"])
 def test_the_ranks_end_with_their_parent(how, nothing_left, tmp_path):
-    # Signalled while training runs; a signal during the ranks' set-up is another case.
+    # Signalled while training runs (a Ctrl-C while the ranks start: the test below).
     proc, ranks = nothing_left("--strategy", "ds-sync", "--checkpoint", str(tmp_path / "c"),
                                "--checkpoint-every", "20", training=tmp_path / "c")
     if how.endswith("twice"):
