@@ -64,6 +64,18 @@ def test_a_slow_worker_among_bursty_fast_ones_gains_from_waiting():
     assert best.net_gain > 0
 
 
+def _until_decided(sched: Scheduler, seconds: float = 10.0) -> None:
+    """Until the scheduler has judged every window it was given (its timer thread pops a
+    window and decides it in one hold of the lock), failing after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        with sched._lock:
+            if not sched._timers:
+                return
+        assert time.monotonic() < deadline, f"the scheduler left windows undecided for {seconds:.0f} s"
+        time.sleep(0.01)
+
+
 def test_the_scheduler_re_syncs_once_when_the_others_pushed_in_the_window():
     sched = Scheduler(3, abort_time_s=0.05, abort_rate=1 / 3, secret=b"s" * 32)
     sent = []
@@ -73,10 +85,10 @@ def test_the_scheduler_re_syncs_once_when_the_others_pushed_in_the_window():
             now = time.monotonic()
             sched.notify(0, 5, now)          # worker 0 starts iteration 5
             sched.notify(1, 2, now + 0.01)   # worker 1 pushes inside worker 0's window
-        time.sleep(0.2)
+        _until_decided(sched)
         with sched._lock:
             sched.notify(2, 9, time.monotonic())  # nobody pushes in worker 2's window
-        time.sleep(0.2)
+        _until_decided(sched)
     finally:
         sched.close()
     assert (0, 5) in sent and (2, 9) not in sent
