@@ -126,7 +126,10 @@ class DSSyncStrategy(Strategy):
         self._step = 0  # the iteration whose backward is running (overlapped mode)
         self._buckets: list[_Bucket] = []
         self._param_optimizers: dict[nn.Parameter, torch.optim.Optimizer] = {}
-        self._loop_groups: dict[nn.Parameter, dict[str, Any]] = {}
+        # the loop's optimizer and each parameter's group index in it: by index, because
+        # Optimizer.load_state_dict (a resume) replaces the group dicts a scheduler then sets
+        self._loop_optimizer: torch.optim.Optimizer | None = None
+        self._loop_groups: dict[nn.Parameter, int] = {}
         self._swa_due = False
         self._views = [(p, p.data_ptr()) for p in self.model.parameters()]
         self.swa_model: AveragedModel | None = None
@@ -158,11 +161,12 @@ class DSSyncStrategy(Strategy):
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         if not self.config.overlap:
             return optimizer
-        for group in optimizer.param_groups:
+        self._loop_optimizer = optimizer
+        for index, group in enumerate(optimizer.param_groups):
             settings = {k: v for k, v in group.items() if k not in ("params", "initial_lr")}
             for p in group["params"]:
                 self._param_optimizers[p] = type(optimizer)([p], **settings)
-                self._loop_groups[p] = group
+                self._loop_groups[p] = index
         return StepsElsewhere(optimizer)
 
     def _install_hooks(self) -> None:
@@ -198,7 +202,8 @@ class DSSyncStrategy(Strategy):
     @torch.no_grad()
     def _on_grad(self, bucket: _Bucket, param: nn.Parameter) -> None:
         optimizer = self._param_optimizers[param]
-        optimizer.param_groups[0]["lr"] = self._loop_groups[param]["lr"]  # follows a scheduler
+        # follows the loop's scheduler
+        optimizer.param_groups[0]["lr"] = self._loop_optimizer.param_groups[self._loop_groups[param]]["lr"]
         optimizer.step()
         param.grad = None
         bucket.ready += 1

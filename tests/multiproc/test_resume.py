@@ -44,9 +44,10 @@ def _assert_identical(tmp_path, world_size, step):
             assert torch.equal(a[name], b[name]), f"rank {r}: {name} differs after resuming"
 
 
-# ds-sync at 8 ranks too: two racks, so the schedule's period spans shuffles across racks.
-# ddp's and allreduce's state does not change with the world size.
-@pytest.mark.parametrize(("strategy", "world_size"), [("ds-sync", 4), ("ds-sync", 8), ("ddp", 4), ("allreduce", 4)])
+# ds-sync at 8 ranks: two racks, so the schedule's period spans shuffles across racks (4
+# ranks, one rack, below with its ensembles). ddp's and allreduce's state does not change
+# with the world size.
+@pytest.mark.parametrize(("strategy", "world_size"), [("ds-sync", 8), ("ddp", 4), ("allreduce", 4)])
 def test_a_resumed_run_is_bit_identical_to_one_that_never_stopped(tmp_path, strategy, world_size):
     # k = 23: not a multiple of the schedule's period, of an epoch (digits: 42 batches of 32
     # at 1 rank; 10 at 4 ranks, 5 at 8), nor of the evaluation interval.
@@ -59,13 +60,16 @@ def test_a_resumed_run_is_bit_identical_to_one_that_never_stopped(tmp_path, stra
         assert not torch.equal(models[0]["0.weight"], models[1]["0.weight"])
 
 
-@pytest.mark.parametrize("options", [
-    {"ensemble": "ema", "adjust_every": 6},
-    {"ensemble": "swa", "swa_start": 0.25},
-    {"overlap": True},
-], ids=["ema+regrouping", "swa", "overlap"])
-def test_ds_sync_resumes_its_ensemble_regrouping_and_overlapped_optimizers(tmp_path, options):
-    resumed, whole = _stopped_and_whole(tmp_path, 4, 17, strategy="ds-sync", strategy_options=options)
+@pytest.mark.parametrize(("options", "settings"), [
+    ({"ensemble": "ema", "adjust_every": 6}, {}),
+    ({"ensemble": "swa", "swa_start": 0.25}, {}),
+    # the per-layer optimizers follow the loop's schedule after a resume too (they once kept
+    # the rate of the moment the checkpoint was loaded)
+    ({"overlap": True}, {"momentum": 0.9, "lr_schedule": "cosine", "warmup_steps": 5}),
+], ids=["ema+regrouping", "swa", "overlap+momentum+cosine"])
+def test_ds_sync_resumes_its_ensemble_regrouping_and_overlapped_optimizers(tmp_path, options, settings):
+    # ds-sync at 4 ranks (one rack); k = 17 is not a multiple of anything the run repeats with.
+    resumed, whole = _stopped_and_whole(tmp_path, 4, 17, strategy="ds-sync", strategy_options=options, **settings)
     _assert_identical(tmp_path, 4, 34)
     states = [_params(tmp_path / name, 34, 4, key=None) for name in ("stopped", "whole")]
     for a, b in zip(*states, strict=True):
