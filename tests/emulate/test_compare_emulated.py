@@ -1,5 +1,6 @@
-"""``bench compare`` on a real emulated network, with an oracle: ddp, allreduce and hierarchical
-all take BSP's step (the mean gradient), so from the same seed they train the same model."""
+"""``bench compare`` on a real emulated network, with an oracle: ddp and allreduce both take
+BSP's step (the mean gradient), so from the same seed they train the same model (that
+hierarchical's three stages give that step too is tests/multiproc/test_baselines.py's)."""
 
 import pytest
 
@@ -9,15 +10,12 @@ pytestmark = pytest.mark.emulate
 
 
 def test_compare_runs_every_strategy_on_the_scenario_and_the_bsp_variants_agree(name):
-    records = compare(["inter-rack"], ["ddp", "allreduce", "hierarchical"], task="digits", steps=30,
+    records = compare(["inter-rack"], ["ddp", "allreduce"], task="digits", steps=30,
                       eval_every=15, name=name, stop=False)
-    assert [(r["scenario"], r["strategy"]) for r in records] == [("inter-rack", "ddp"), ("inter-rack", "allreduce"),
-                                                                ("inter-rack", "hierarchical")]
-    ddp, ar, hier = records
+    assert [(r["scenario"], r["strategy"]) for r in records] == [("inter-rack", "ddp"), ("inter-rack", "allreduce")]
+    ddp, ar = records
     assert ddp["final_accuracy"] > 0.5
-    for other in (ar, hier):
-        assert [c["accuracy"] for c in other["curve"]] == pytest.approx([c["accuracy"] for c in ddp["curve"]],
-                                                                        abs=0.005)
+    assert [c["accuracy"] for c in ar["curve"]] == pytest.approx([c["accuracy"] for c in ddp["curve"]], abs=0.005)
     rows = summarize(records, reference="ddp")
     assert all(r["target_accuracy"] == ddp["best_accuracy"] for r in rows) and rows[0]["comm_ms_per_iter"] > 0
     assert rows[0]["tta_ratio"] == 1.0
