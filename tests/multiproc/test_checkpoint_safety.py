@@ -203,7 +203,7 @@ def test_read_state_refuses_a_file_that_is_not_a_state(tmp_path):
 
 
 # -- killed while saving -----------------------------------------------------------------------
-KILLS = 8
+KILLS = 6
 
 
 def _descendants(pid: int) -> list[int]:
