@@ -35,6 +35,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from dssync._cache import cache_root
+
 __all__ = ["main", "patch_cxx17", "wheel_dir"]
 
 HOROVOD = "horovod==0.28.1"
@@ -46,7 +48,7 @@ BUILD_ENV = {
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("DSSYNC_CACHE", Path.home() / ".cache" / "dssync")) / "wheels"
+    return cache_root() / "wheels"
 
 
 def _torch_version() -> str:

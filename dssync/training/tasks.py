@@ -21,6 +21,8 @@ import torch
 from torch import nn
 from torch.utils.data import DistributedSampler
 
+from dssync._cache import cache_root
+
 __all__ = ["TASKS", "Task", "build_task"]
 
 
@@ -99,7 +101,7 @@ def _digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     kept in ``$DSSYNC_CACHE`` (default ``~/.cache/dssync``) as plain arrays."""
     from importlib.metadata import version
 
-    cache = Path(os.environ.get("DSSYNC_CACHE", Path.home() / ".cache" / "dssync"))
+    cache = cache_root()
     path = cache / f"digits-split-sklearn{version('scikit-learn')}.npz"
     with contextlib.suppress(OSError, KeyError, ValueError, zipfile.BadZipFile):
         with np.load(path) as kept:  # allow_pickle stays False: arrays only
