@@ -9,8 +9,8 @@ and on a busy machine that wait (a straggler's compute, or a delay carried over 
 previous group) is often larger than the transfer itself: hundreds of ms against a few ms
 measured on the emulated cluster. The member that arrives last waits for nothing but the
 transfer, so a group's figure is the *shortest* time any member recorded, turned into an
-effective bandwidth ``2 (n - 1) / n * bytes / seconds`` (the allreduce lower bound of
-DESIGN section 7) so groups of different sizes compare.
+effective bandwidth ``2 (n - 1) / n * bytes / seconds`` (the ring allreduce's lower bound:
+each rank sends and receives ``2 (n - 1) / n`` of the bytes) so groups of different sizes compare.
 
 The rules are the prober's, applied to groups instead of pairs:
 

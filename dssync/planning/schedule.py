@@ -1,6 +1,6 @@
 """The ``Schedule``: a period of partitions of the ranks into disjoint groups.
 
-``partition_at(t)`` is the partition used at iteration ``t`` (DESIGN section 2). A schedule
+``partition_at(t)`` is the partition used at iteration ``t`` (round ``t`` modulo the schedule's length). A schedule
 is pure data: it knows nothing about process groups or tensors, so every invariant can be
 checked on a laptop, and a backend can create every group the schedule will ever use once,
 in the same order on every rank (``distinct_groups``).
@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # scipy.sparse is imported where it is used: a rank that only
 __all__ = ["COMPACT_VERSION", "SCHEDULE_VERSION", "Group", "Partition", "Schedule", "averaging_matrix",
            "connected", "mixing_rho"]
 
-#: The version-1 file lists every group of every round (DESIGN section 2).
+#: The version-1 file lists every group of every round.
 SCHEDULE_VERSION = 1
 #: The version-2 file lists the blocks once and each round's named groups.
 COMPACT_VERSION = 2

@@ -84,7 +84,7 @@ def _schedule(rounds: Sequence[Sequence[Group]], topology: Topology, message_byt
 
 
 def predict_round_ms(partition: Partition, topology: Topology, message_bytes: int) -> float:
-    """Lower bound on a round's time: its slowest group's ring allreduce (DESIGN section 7).
+    """Lower bound on a round's time: its slowest group's ring allreduce.
 
     A group of ``n`` ranks whose slowest link carries ``B`` bytes/s needs at least
     ``2(n-1)/n * S/B`` seconds for ``S`` bytes, plus ``2(n-1)`` latency hops.

@@ -18,7 +18,7 @@ paper's Algorithm 1 in place of apply-at-once:
   its value from the last iteration. Blocks arrive on a receiver thread per shard into a
   staging buffer, so a late block is taken up at the next pull.
 
-Choices the paper leaves open (digest section 3.5), made here:
+Choices the weak/partial synchronization paper leaves open, made here:
 
 1. **Learning rate by d** (its line 13 is unreadable): the linear scaling rule on the mean,
    ``lr * (d / k) * (sum of the d gradients / d) = lr * sum / k``, where ``lr`` is the rate
