@@ -49,6 +49,9 @@ class RackFit:
     #: blind ranks placed only because every other group was ruled out: a rack of their own
     #: was never ruled out, so the probe's pings test them again, and until then they are unsure
     tentative: set[int] = field(default_factory=set)
+    #: no metric separated cleanly, yet one of them clustered the ranks into several racks:
+    #: the single rack written is a fallback, not a finding, and every rank is unsure
+    split_unseparated: bool = False
 
     @property
     def unplaced(self) -> list[int]:
@@ -82,7 +85,7 @@ class RackFit:
                                    "separation": round(sep, 3) if np.isfinite(sep) else None,
                                    "confident": bool(sep >= CONFIDENT_MARGIN)})
         unsure = sorted({i for i, m in self.margins.items() if m < CONFIDENT_MARGIN and len(self.groups) > 1}
-                        | self.tentative)
+                        | self.tentative | (set(range(self.n)) if self.split_unseparated else set()))
         return {
             "metric": self.metric,
             "threshold": CONFIDENT_MARGIN,
@@ -91,6 +94,7 @@ class RackFit:
                        for j in sorted(self.placed)],
             "unplaced": self.unplaced,
             "unsure": unsure,
+            "one_rack_guess": self.split_unseparated,
             "confident": not self.unplaced and not unsure,
         }
 

@@ -128,7 +128,7 @@ def fit_racks(
         if metric != "bandwidth" or held_back is None:
             return labels
         ratio, known_sub, steady = held_back
-        return _merge_unseparated(labels, ratio, known_sub, steady, gap)
+        return _merge_unseparated(labels, ratio, known_sub, steady, gap, dist)
 
     # A metric speaks only if its clusters are clearly apart: on a busy host, ping-pong
     # latency can be pure scheduling noise (hundreds of µs on some pairs), and taking the
@@ -141,6 +141,9 @@ def fit_racks(
         (metric, ranks, dist), labels = informative[-1]  # bandwidth first
     else:
         metric, ranks, dist, labels = "none", clear, None, [0] * len(clear)
+    # One rack because no metric separated cleanly, although one clustered the ranks apart:
+    # a guess, said to be one (the probe then measures every pair again).
+    split_unseparated = metric == "none" and any(len(set(found)) > 1 for _, found in labelled)
     if metric == "latency" and bw is not None and not _far_apart(lat, ranks, labels, clear, clear_us):
         # Bandwidth saw one rack of clear ranks. Latency may split those only by a gap no busy
         # host or half-drained queue makes: on a 3,1 layout whose rack 0 carried another job's
@@ -155,7 +158,8 @@ def fit_racks(
     groups = list(groups_by_label.values())
     if hosts is not None:
         groups = _merge_groups_by_host(groups, hosts)
-    fit = RackFit(n=n, groups=sorted(groups, key=min), blind=blind, metric=metric)
+    fit = RackFit(n=n, groups=sorted(groups, key=min), blind=blind, metric=metric,
+                  split_unseparated=split_unseparated)
     if dist is not None and len(fit.groups) > 1:
         fit.margins = _margins(dist, ranks, fit.groups)
     if bw is not None and blind:
@@ -220,7 +224,7 @@ def _labels(groups: list[list[int]], n: int) -> list[int]:
 
 
 def _merge_unseparated(labels: list[int], ratio: np.ndarray, known: np.ndarray, steady: np.ndarray,
-                       gap: float) -> list[int]:
+                       gap: float, dist: np.ndarray | None = None) -> list[int]:
     """Clusters (``labels``, one per rank of ``ratio``) joined into the fewest racks that keep
     together no pair whose flow was held back; where the ranks fit a partition that the flows
     evidence (``_evidenced``) in fewer racks, or in as many while the clusters keep such a
@@ -240,7 +244,12 @@ def _merge_unseparated(labels: list[int], ratio: np.ndarray, known: np.ndarray, 
     of its rack-mates' flows that way too, and then no partition is evidenced and the
     clusters stand; between two ranks whose NICs are clear both ways it is (1,3,5: rank 0's
     flows to ranks 1 and 2 had the uplinks to themselves, its flow to rank 3 ran at 0.61 of
-    both NICs, and linkage put it in their rack). Exact searches over up to ``MERGE_SEARCH_GROUPS`` clusters, and ranks.
+    both NICs, and linkage put it in their rack), but only where the racks that keep every
+    such pair apart are themselves a structure (``_evidenced``, or ``_separated`` on ``dist``):
+    on a busy host one flow inside a rack now and then runs just past ``1 + gap`` (3,2,4 with
+    another job's flows on rack 2's uplink: a rack-mate pair at 1.53, another at 2.17), and
+    splitting off its ends left five racks that no metric separated, so the fit fell back to
+    one rack. Exact searches over up to ``MERGE_SEARCH_GROUPS`` clusters, and ranks.
     """
     keys = sorted(set(labels))
     if len(keys) > MERGE_SEARCH_GROUPS:
@@ -255,7 +264,8 @@ def _merge_unseparated(labels: list[int], ratio: np.ndarray, known: np.ndarray, 
             return by_rank
         lab = np.asarray(merged)
         inside = np.equal.outer(lab, lab) & np.logical_and.outer(steady, steady) & known
-        if np.any(ratio[inside] > 1.0 + gap):
+        if np.any(ratio[inside] > 1.0 + gap) and (
+                _evidenced(by_rank, ratio, known, gap) or (dist is not None and _separated(dist, by_rank))):
             return by_rank  # a held-back flow between two ranks whose NICs are clear both ways
     return merged
 

@@ -104,7 +104,10 @@ def confidence_lines(confidence: dict) -> list[str]:
     if unplaced:
         lines.append(f"could not place workers {unplaced}: every flow of theirs is held back by their own NIC "
                      "and no measurement showed which uplink they share; each is written as a rack of its own")
-    if unsure:
+    if confidence.get("one_rack_guess"):
+        lines.append("the workers are not one uniform rack, yet no split of them into racks was clean: "
+                     "written as one rack")
+    elif unsure:
         lines.append(f"workers {unsure} sit almost as close to another rack as to their own")
     if lines:
         lines.append("to settle it: give the racks (--rack-sizes, or hostnames that name the rack through "

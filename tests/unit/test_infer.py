@@ -761,3 +761,46 @@ def test_best_paths_keeps_each_paths_lowest_measured_latency_and_highest_bandwid
 
     lat, bw = best_paths(first, again)
     assert lat.tolist() == [[0.0, 5.0], [3.0, 0.0]] and bw.tolist() == [[0.0, 1.0], [0.9, 0.0]]
+
+
+ONE_RACK = json.loads((Path(__file__).parent / "data" / "emulated_probes.json").read_text())["one_rack_fallback"]
+
+
+@pytest.mark.parametrize("probe", ONE_RACK, ids=[p["layout"] for p in ONE_RACK])
+def test_a_rack_mate_pair_just_past_the_gap_splits_no_rack_and_merges_none(probe):
+    """Recorded: linkage found the racks, one rack-mate flow ran at 1.53 of the nearest cost and
+    another at 2.17, and splitting their ends off left five racks no metric separated, so the
+    fit wrote one rack of nine, confident. The racks as built come out; the boundary next to
+    the slow pair is unsure, so the probe measures again, and the layout's quiet passes mend it."""
+    from dssync.probing.probe import best_paths
+    from dssync.topology.racks import fit_racks
+
+    busy = (np.asarray(probe["latency_us"]), np.asarray(probe["bandwidth_gbps"]))
+    fit = fit_racks(*busy)
+    assert fit.racks() == layout(probe["rack_sizes"])
+    others = [p for p in RECORDED if p["layout"] == probe["layout"]]
+    assert others
+    for other in others:
+        mended = fit_racks(*best_paths(busy, (np.asarray(other["latency_us"]), np.asarray(other["bandwidth_gbps"]))))
+        assert mended.racks() == layout(probe["rack_sizes"]) and mended.confidence()["confident"]
+
+
+def test_one_rack_written_because_no_metric_separates_is_unsure():
+    """Two slow pairs, 0-1 and 2-3, that no rack layout explains (each of the four is near
+    the other pair and rank 4): linkage splits the ranks, no split is clean, and the fit
+    falls back to one rack. That rack is a guess, and the fit says so for every rank."""
+    from dssync.topology.racks import fit_racks
+
+    lat = np.full((5, 5), 100.0)
+    lat[0, 1] = lat[1, 0] = lat[2, 3] = lat[3, 2] = 300.0
+    np.fill_diagonal(lat, 0.0)
+    fit = fit_racks(lat)
+    assert fit.racks() == [0] * 5
+    confidence = fit.confidence()
+    assert not confidence["confident"] and confidence["unsure"] == [0, 1, 2, 3, 4] and confidence["one_rack_guess"]
+    from dssync.commands.probe import confidence_lines
+
+    assert any("no split of them into racks was clean" in line for line in confidence_lines(confidence))
+    uniform = np.full((5, 5), 100.0)
+    np.fill_diagonal(uniform, 0.0)
+    assert fit_racks(uniform).confidence()["confident"]  # one rack, and nothing says otherwise
