@@ -134,8 +134,16 @@ def _child(rank: int, world_size: int, init_method: str, timeout_s: float,
     except BaseException as exc:  # noqa: BLE001 - every failure goes to the parent
         message = str(exc) if isinstance(exc, DssyncError | ValueError) else f"{type(exc).__name__}: {exc}"
         results.put((rank, False, message, traceback.format_exc()))
-    finally:
-        _teardown()
+        # The failure is the job's one message: leave now, once it is sent. Tearing the group
+        # down while the peers still wait in a collective, or letting the interpreter run the
+        # library's destructors with its threads alive, now and then printed "terminate called
+        # without an active exception" beside it; the parent ends the other ranks.
+        results.close()
+        results.join_thread()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    _teardown()
 
 
 def run_ranks(
