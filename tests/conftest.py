@@ -35,8 +35,8 @@ def _marked() -> dict[int, str]:
         except OSError:
             continue
         state, ppid = stat.rsplit(")", 1)[1].split()[:2]
-        # multiprocessing's resource tracker of this process ends when this process does
-        if state == "Z" or (int(ppid) == os.getpid() and "resource_tracker" in cmdline):
+        # multiprocessing's resource tracker and fork server of this process end when it does
+        if state == "Z" or (int(ppid) == os.getpid() and ("resource_tracker" in cmdline or "forkserver" in cmdline)):
             continue
         found[pid] = cmdline
     return found

@@ -516,3 +516,12 @@ def _refuses_malformed_states(averager, good: dict) -> None:
         else:
             raise AssertionError(f"accepted a malformed averager state: {state!r:.200}")
         assert (averager.step, averager.schedule.digest(), list(averager.schedule_changes())) == before
+
+
+def what_the_rank_sees(comm, name: str):
+    """The environment variable ``name``, the working directory, and a line written to fd 2."""
+    import os
+    import sys
+
+    print(f"rank {comm.rank} writes here", file=sys.stderr, flush=True)
+    return os.environ.get(name), os.getcwd()

@@ -76,3 +76,23 @@ def test_a_wait_past_the_timeout_names_rank_and_group():
 def test_ranks_that_disagree_on_the_schedule_are_stopped():
     with pytest.raises(DssyncError, match="ranks hold different schedules"):
         run_ranks(two_schedules, nproc=4, timeout_s=30, job_timeout_s=120)
+
+
+def test_every_job_s_ranks_start_with_the_job_s_environment_directory_and_stderr_as_they_are_now(
+        tmp_path, monkeypatch, capfd):
+    """Ranks are forked by a fork server that lives as long as this process, started under the
+    first job's settings: a later job's ranks must still see that job's own."""
+    from ranks import what_the_rank_sees
+
+    for k, value in enumerate(("first", "second")):
+        where = tmp_path / value
+        where.mkdir()
+        monkeypatch.chdir(where)
+        monkeypatch.setenv("DSSYNC_TEST_VALUE", value)
+        seen = run_ranks(what_the_rank_sees, "DSSYNC_TEST_VALUE", nproc=2, timeout_s=30, job_timeout_s=120)
+        assert seen == [(value, str(where))] * 2
+        err = capfd.readouterr().err
+        assert sorted(line for line in err.splitlines() if "writes here" in line) == \
+            ["rank 0 writes here", "rank 1 writes here"], (k, err)
+    monkeypatch.delenv("DSSYNC_TEST_VALUE")
+    assert run_ranks(what_the_rank_sees, "DSSYNC_TEST_VALUE", nproc=2, timeout_s=30)[0][0] is None
