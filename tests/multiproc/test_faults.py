@@ -33,6 +33,15 @@ def _ranks(parent: int) -> list[int]:
     return sorted(pid for server in servers for pid, _ in _children(server))
 
 
+def _as_from_a_terminal() -> None:
+    """In the job's process before it runs dssync: SIGINT handled by default, as in a job
+    started at a terminal that Ctrl-C can stop. A suite started in the background by a
+    non-interactive shell (``make test &``, some CI runners) ignores SIGINT, every process
+    it starts inherits that, and Python keeps an ignored SIGINT ignored: the signal tests
+    would then wait for a job that never saw the signal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _alive(pids: list[int]) -> list[int]:
     alive = []
     for pid in pids:
@@ -80,7 +89,7 @@ def nothing_left():
         proc = subprocess.Popen([DSSYNC, "train", "--nproc", str(nproc), "--task", "digits", "--steps", "1000000",
                                  "--eval-every", "1000000", "--timeout", "60", "--no-progress", *args],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_as_from_a_terminal)
         job["procs"].append(proc)
         if spawned is not None:
             ranks = _await(lambda: _ranks(proc.pid) if len(_ranks(proc.pid)) >= spawned else None, proc,
