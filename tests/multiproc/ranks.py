@@ -519,9 +519,9 @@ def _refuses_malformed_states(averager, good: dict) -> None:
 
 
 def what_the_rank_sees(comm, name: str):
-    """The environment variable ``name``, the working directory, and a line written to fd 2."""
+    """The environment variable ``name``, the working directory, and a line written to fd 2
+    (in one write: two ranks' ``print`` calls, text and newline apart, can interleave)."""
     import os
-    import sys
 
-    print(f"rank {comm.rank} writes here", file=sys.stderr, flush=True)
+    os.write(2, f"rank {comm.rank} writes here\n".encode())
     return os.environ.get(name), os.getcwd()
