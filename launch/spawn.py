@@ -5,9 +5,10 @@ loopback and calls ``fn(comm, *args)`` in each. They are forked by multiprocessi
 server, a single-threaded process that imported torch once (``forkserver``, never ``fork``
 from the job itself: torch and threads), so that a rank starts in a fraction of a second
 instead of importing torch again (1-2 s of CPU per rank, most of an 8-rank job's start on
-a small machine). Each rank takes the job's environment and working directory as they are
-when it starts, as a fresh process would. A rank that raises, dies or hangs past the timeout stops the
-whole job: the others are terminated and the first failure is raised with its rank.
+a small machine). Each rank takes the job's environment, working directory, stdout and
+stderr as they are when it starts, as a fresh process would. A rank that raises, dies or
+hangs past the timeout stops the whole job: the others are terminated and the first
+failure is raised with its rank.
 Under a launcher (torchrun, ``dssync emulate run``, mpirun, horovodrun) the same call runs
 just this rank, on the collective library ``backend`` names: ``torch`` (torch.distributed),
 ``mpi`` (mpi4py) or ``horovod`` (Horovod process sets). Spawning local ranks is
@@ -139,8 +140,10 @@ def die_with_parent(parent: int) -> None:
     ppid = os.getppid()
     if ppid != parent and _parent_of(ppid) != parent:  # checked after the pidfd: it is the job's
         os._exit(1)
-    if ppid == parent:
-        return  # started by the job itself: the kernel's signal is enough
+    if ppid == parent:  # started by the job itself: the kernel's signal is enough
+        if pidfd is not None:
+            os.close(pidfd)
+        return
 
     def watch() -> None:
         if pidfd is not None:
