@@ -1,13 +1,13 @@
 """``dssync bench compare``: time to accuracy of every strategy on one emulated network.
 
-For each scenario (DESIGN section 6) one cluster is built and its background flows started;
+For each scenario (``dssync emulate``'s named layouts) one cluster is built and its background flows started;
 then every strategy trains the task ``repeats`` times (seeds 0, 1, ...), each run a real
 ``dssync emulate run -- dssync train`` job. Every strategy gets the racks (``--rack-sizes``),
 nothing more; ds-sync finds the contention itself (``--adjust-every``). A strategy may carry
 settings, ``NAME:KEY=VALUE:...`` (``dssync train --set``), so settings of one strategy
 compare side by side.
 
-The headline is time to accuracy (DESIGN section 7, seed 003 section V-A.2): training wall
+The headline is time to accuracy (the DS-Sync paper's measure): training wall
 seconds, evaluations excluded, until the model a strategy hands back first reaches the
 target, the lowest best accuracy of the ``reference`` strategy (``ddp``, torch's
 DistributedDataParallel) over the seeds. The reference therefore runs first, on every seed,
@@ -176,7 +176,7 @@ def loss_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def rank_comm_ms(record: dict[str, Any]) -> float | None:
-    """Each rank's own comm ms/iter, averaged over the ranks (DESIGN section 7's headline),
+    """Each rank's own comm ms/iter, averaged over the ranks (the headline communication figure),
     from the record's raw samples; ``None`` for records without them."""
     by_rank = record.get("comm_ms_by_rank")
     if not by_rank:

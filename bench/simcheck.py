@@ -13,7 +13,7 @@ Three stages, each on real ``dssync emulate`` clusters with every rate times ``r
    links unshaped (100 Gbit/s), where what is left of an iteration is the machine's work:
    forward, backward, the optimizer, copies, Python. Its wall time per iteration less its
    communication is the strategy's compute time in the model; its wall time over the
-   shaped job's is the CPU share of the job (DESIGN section 7 asks communication benchmarks
+   shaped job's is the CPU share of the job (communication benchmarks are asked
    to run where the network, not the cores, bounds a step).
 3. **Jobs** (``measure``): every strategy on every scenario, its background flows on, for
    each seed: a real ``dssync train`` of the ``synthetic`` task (``model_mb`` megabytes, one

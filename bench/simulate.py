@@ -24,7 +24,7 @@ a link's bytes per second):
   a rank that left a fast group waits, next iteration, for a peer still in a slow one. A
   gossip transfer sharing its link with ``f - 1`` others ends at ``2 j / (f + 1)`` of the
   fair time, ``j`` its place in a random order (``_gossip_finish``). An iteration's figure
-  is DESIGN section 7's, the longest any rank spent, waits included.
+  is the harness's, the longest any rank spent, waits included.
 
 On an emulated cluster one more resource can be shared: the machine itself, whose cores
 move every byte through each veth it crosses (a flow inside a rack crosses two, a flow
@@ -126,7 +126,7 @@ def _broadcast_time(net: Network, groups: Sequence[Sequence[int]], size_bytes: f
 
 def rank_times(net: Network, strategy: str, size_bytes: float, iterations: int) -> np.ndarray:
     """Communication seconds of each rank in each iteration, ``(iterations, world_size)``:
-    DESIGN section 7's per-rank figure, from the rank's first communication call to the end
+    the harness's per-rank figure, from the rank's first communication call to the end
     of its last, waits for peers included.
 
     Every rank keeps its own clock. A collective starts when the last member of its group
@@ -331,7 +331,7 @@ def with_contention(net: Network) -> Topology:
 
 def simulate(net: Network, strategies: Sequence[str], *, size_bytes: float, iterations: int = 1000,
              compute_ms: float = 0.0) -> dict[str, Any]:
-    """Per strategy: median and mean over ``iterations`` of DESIGN section 7's figure (the
+    """Per strategy: median and mean over ``iterations`` of the harness's communication figure (the
     longest any rank spent), ``per_rank_ms``, what one rank spends on average, and
     ``wall_ms``, an iteration's wall time: ``compute_ms`` plus the communication of the rank
     that finishes last, per iteration (the job ends with its last rank)."""

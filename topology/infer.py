@@ -2,7 +2,7 @@
 
 Pure functions on plain arrays (numpy, scipy; no torch), so they are tested exhaustively on
 synthetic matrices. ``dssync probe`` feeds them what it measured; the planner consumes
-their result through ``topology.json`` (DESIGN section 2; the two contention kinds are
+their result through ``topology.json`` (the two contention kinds are
 the paper's Fig. 5, a slow rack uplink, and Fig. 6, a slow end-host NIC).
 
 This module is the public entry point and holds no code of its own: ``matrices`` has the

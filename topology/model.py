@@ -1,6 +1,6 @@
 """The ``Topology`` model: who sits in which rack, and what the links between them measure.
 
-The JSON form (``topology.json``, ``"version": 1``) is the contract of DESIGN section 2.
+The JSON form (``topology.json``, ``"version": 1``) is a stable contract: other tools read and write it.
 A hand-written topology with only ``workers`` is valid input for the planner; the
 latency and bandwidth matrices, the contention record and the probe record are optional.
 """

@@ -1,4 +1,4 @@
-"""Partial synchronization on the sharded parameter server (PSP-SGD, paper seed 004).
+"""Partial synchronization on the sharded parameter server (PSP-SGD, the weak/partial synchronization paper).
 
 ``PartialServer`` reuses ``ParameterServer``'s shards, sockets and set-up (one shard per
 rank, one TCP connection per worker and shard), with the round-based protocol of the

@@ -1,4 +1,4 @@
-"""SpecSync's central scheduler, its worker client and its adaptive tuning (seed 001).
+"""SpecSync's central scheduler, its worker client and its adaptive tuning (the speculative synchronization paper).
 
 Under asynchronous SGD a worker pulls the parameters only when an iteration starts, so every
 push other workers make while it computes is invisible to it until the next one. SpecSync
@@ -19,7 +19,7 @@ worker abandons the computation, pulls again and recomputes the same mini-batch.
   last epoch's push log it picks the ``ABORT_TIME`` that maximizes the estimated freshness
   gain minus loss, Eq. 7.
 
-Choices the paper leaves open (digest section 2.5), made here:
+Choices the speculative-synchronization paper leaves open, made here:
 
 1. Gain ``u_j(D)`` of the iteration started at notify ``j``: the pushes by *other* workers in
    ``(t_j, t_j + D]`` within the same epoch (tuning runs as the epoch ends); the candidates ``D`` are the positive differences between any two pushes

@@ -5,9 +5,9 @@ forward and backward go through the wrapper (``training_module()``), so gradient
 averaged by DDP's reducer: its buckets (``bucket_cap_mb``, 25 MB by default, and a first
 bucket of 1 MB), filled in backward order, each allreduced as soon as it is ready, while the
 rest of backward still runs. The optimizer step is the loop's own. It is the reference of
-every ratio and target in ``dssync bench compare`` (DESIGN section 7).
+every ratio and target in ``dssync bench compare`` (time to accuracy is measured against it).
 
-Communication is timed the way seed 003 (section V-A.2) defines it, from the first bucket's
+Communication is timed the way the DS-Sync paper's evaluation (section V-A.2) defines it, from the first bucket's
 allreduce being started to the last one's completion, through a communication hook that is
 torch's ``allreduce_hook`` (the same arithmetic as DDP without a hook: divide by the world
 size, then sum) with a timestamp on either side. The hook runs in C++ futures; its Python

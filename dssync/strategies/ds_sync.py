@@ -1,4 +1,4 @@
-"""``ds-sync``: divide-and-shuffle synchronization (paper seed 003, section III).
+"""``ds-sync``: divide-and-shuffle synchronization (the DS-Sync paper, section III).
 
 Every iteration each rank takes its local optimizer step, then averages its *parameters*
 with the members of its group for that iteration (``schedule.group_of(rank, step)``).

@@ -1,4 +1,4 @@
-"""``psp``: partial synchronization on the sharded parameter server (PSP-SGD, seed 004).
+"""``psp``: partial synchronization on the sharded parameter server (PSP-SGD, the weak/partial synchronization paper).
 
 Synchronous SGD on the parameter server waits for every worker's push and for every
 server's block. PSP-SGD waits for neither: a shard closes its round once the first

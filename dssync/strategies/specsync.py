@@ -1,4 +1,4 @@
-"""``specsync``: speculative synchronization on the asynchronous parameter server (seed 001).
+"""``specsync``: speculative synchronization on the asynchronous parameter server (the speculative synchronization paper).
 
 ASP with a twist: a worker that learns, shortly after starting an iteration, that enough
 other workers have pushed since its pull abandons the computation, pulls the fresher

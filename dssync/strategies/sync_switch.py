@@ -10,7 +10,7 @@ stale ones, so the run reaches BSP's test accuracy at nearly ASP's speed.
   ``k`` times the worker's and whose rate is the loop's ``lr`` (the user's ``n * eta``).
 - **ASP phase**: ``dssync.ps.ParameterServer``, every push applied at once with ``lr / k``
   (``eta``, on the worker's batch ``B``) and the same momentum coefficient, the paper's
-  configuration policy (digest section 1.1.4).
+  configuration policy.
 - **The switch happens in the process** (the paper checkpoints and restarts, 36-53 s):
   every worker stops and leaves the rounds, all meet (barrier), pull the old servers'
   settled parameters, each rank hands its shard's momentum buffer, unchanged, to its new
@@ -19,7 +19,7 @@ stale ones, so the run reaches BSP's test accuracy at nearly ASP's speed.
 
 **The learning rates are the paper's.** The paper takes the user's batch ``B`` and rate
 ``eta`` for one worker and trains BSP on ``nB`` at ``n * eta``, ASP on ``B`` at ``eta``, with
-the same momentum ``mu`` (digest section 1.1.4; ``n`` is the ``k`` workers here). Here the loop's rate ``lr`` is the rate of
+the same momentum ``mu`` (``n`` is the ``k`` workers here). Here the loop's rate ``lr`` is the rate of
 one iteration of all ``k`` workers, as for every strategy of the toolkit (``allreduce``
 applies it to the mean gradient), so ``eta = lr / k``, and the two updates are the paper's:
 
@@ -53,7 +53,7 @@ paper does not discuss the slots]. Where a phase has not settled (``g`` changing
 rounds of fewer workers, which apply ``lr`` times the sum over ``k``) the rounds after a
 switch move as the new phase's update moves from that buffer; nothing is rescaled.
 
-**Transient stragglers** (``policy``, digest section 1.1.3). Every ``window`` iterations of
+**Transient stragglers** (``policy``). Every ``window`` iterations of
 the BSP workload the workers exchange their own throughput, iterations per second of their
 own part of an iteration: from holding the new parameters to having sent the gradient (the
 waits for others, which BSP makes everyone share, left out; a throttled CPU and a slow NIC

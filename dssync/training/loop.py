@@ -1,4 +1,4 @@
-"""The training loop every strategy runs in, and its measurements (DESIGN sections 5, 7).
+"""The training loop every strategy runs in, and its measurements (time to accuracy, communication per iteration).
 
 ``train(config)`` runs ``config.strategy`` on every rank (local ranks it spawns, or this
 rank under a launcher) and returns rank 0's result: the ``train --json`` record.
@@ -59,10 +59,10 @@ class TrainConfig:
     """``constant`` or ``cosine`` (to zero at ``steps``), after ``warmup_steps``: see ``lr_factor``."""
     warmup_steps: int = 0
     """Linear warm-up of the learning rate over the first this many iterations (Goyal et al.'s
-    gradual warm-up for a large overall batch, which seed 003 section V-A.3 uses)."""
+    gradual warm-up for a large overall batch, which the DS-Sync paper's evaluation uses)."""
     target_accuracy: float | None = None
     """Stop once the handed-back model reaches this test accuracy at an evaluation (time to
-    accuracy, DESIGN section 7); ``steps`` is then the cap. Strategies whose mid-run snapshots
+    accuracy, the README's headline measure); ``steps`` is then the cap. Strategies whose mid-run snapshots
     stop no worker (asp, ssp, specsync) evaluate after the loop and run to the cap."""
     timeout_s: float = 300.0
     progress: bool = False
@@ -163,7 +163,7 @@ def first_at_target(curve: list[dict[str, Any]], target: float) -> dict[str, Any
 
 
 def per_rank_comm_ms(samples_by_rank: list[list[float]], *, warmup: int) -> float:
-    """DESIGN section 7's headline: each rank's own mean comm time per iteration after
+    """The headline communication figure: each rank's own mean comm time per iteration after
     ``warmup`` (seconds in, ms out), averaged over the ranks.
 
     The per-iteration maximum over ranks (``summarize_comm``) charges protocols whose groups

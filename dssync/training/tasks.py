@@ -152,7 +152,7 @@ def _mnist(seed: int, model_mb: float) -> Task:
 def _mnist_wide(seed: int, model_mb: float) -> Task:
     """MNIST with a 784-512-10 MLP (1.6 MB): the task of ``dssync bench compare``. At 8
     ranks on 2 cores the 0.81 MB of ``mnist`` spends three quarters of its communication
-    time waiting for the CPU, not the 1 Gbit/s emulated network (DESIGN section 7 asks for
+    time waiting for the CPU, not the 1 Gbit/s emulated network (a protocol comparison needs
     the network to be the bottleneck); twice the width doubles the bytes and leaves the
     compute a few milliseconds a step."""
     return _mnist_mlp("mnist-wide", 512, seed)

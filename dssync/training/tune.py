@@ -1,4 +1,4 @@
-"""Sync-Switch's offline timing policy: a binary search for the switch point (seed 000, App. B).
+"""Sync-Switch's offline timing policy: a binary search for the switch point (the Sync-Switch paper, App. B).
 
 The search rests on two observations of the paper: BSP is slower than ASP, and the
 converged accuracy grows monotonically with the share of the workload trained with BSP.
@@ -7,7 +7,7 @@ bisection: try the middle of ``[lower, upper]``; if its mean accuracy over ``rep
 is within ``beta`` of the target, switch earlier (``upper = s``), else later
 (``lower = s``); stop after ``settings`` points. The policy is the final ``upper``.
 
-Choices made here (digest section 1.5): the running sum of accuracies is reset for every
+Choices made here, where the Sync-Switch paper's search leaves them open: the running sum of accuracies is reset for every
 setting (as printed, Algorithm 1 sets it once, outside the loop, which would average a
 setting with all earlier ones); the returned policy is the last ``upper``, which is a
 setting that met the target (or pure BSP when none did). A recurring job passes the target

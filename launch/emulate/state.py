@@ -1,6 +1,6 @@
 """The emulated cluster's network model and its state: names, addresses, rates, the state file.
 
-Layout (DESIGN section 6)::
+Layout::
 
     worker ns  <name>-w<i>   eth0 (10.77.0.<i+1>) --veth-- w<i>  ┐
     background <name>-bg<r>  eth0 (10.77.1.<r+1>) --veth-- b<r>  ├ br<r> (rack bridge)
@@ -154,7 +154,7 @@ class Cluster:
 
 
 SCENARIOS: dict[str, dict] = {
-    # DESIGN section 6, mirroring the paper's section V-A.5 on one machine.
+    # Mirroring the paper's section V-A.5 on one machine.
     "static": {"rack_sizes": [4, 4], "nic": "1gbit", "uplink": "1gbit", "flows": []},
     "inter-rack": {"rack_sizes": [4, 4], "nic": "1gbit", "uplink": "1gbit", "flows": [("rack", 0)]},
     "inter-rack+nic": {"rack_sizes": [5, 3], "nic": "1gbit", "uplink": "1gbit", "flows": [("rank", 4)]},

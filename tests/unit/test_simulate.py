@@ -46,7 +46,7 @@ def test_ds_sync_rounds_respect_the_lower_bound_and_beat_allreduce_under_content
     net = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=0.0, uplink_out_streams={0: 8})
     times = iteration_times(net, "ds-sync", S, 8)
     # Every round has a cross-rack pair through the contended uplink: at best S bytes at B/9
-    # (DESIGN section 7: 2(n-1)/n * S / B with n = 2).
+    # (the ring allreduce time 2(n-1)/n * S / B with n = 2).
     assert np.all(times >= S / (B / 9) - 1e-12)
     out = simulate(net, ["allreduce", "ds-sync"], size_bytes=S, iterations=8)
     assert out["allreduce"]["median_ms"] > out["ds-sync"]["median_ms"]

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from dssync._jsonfile import check_writable, write_json
 
-#: The comparison of DESIGN section 7: what users run today and every rival, beside ds-sync.
+#: The comparison of time to accuracy: what users run today and every rival, beside ds-sync.
 COMPARE_STRATEGIES = "ddp,allreduce,hierarchical,torch-hier,diloco,local-sgd,gossip,asp,ds-sync"
 
 __all__ = ["COMPARE_STRATEGIES"]
