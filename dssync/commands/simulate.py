@@ -6,6 +6,7 @@ import argparse
 import time
 
 from dssync._jsonfile import write_json
+from dssync.bench.provenance import stamp
 from dssync.commands._common import (
     non_negative_float,
     parse_rack_sizes,
@@ -95,8 +96,8 @@ def run(args: argparse.Namespace) -> int:
                       f"{r['wall_ms']:.2f}", f"{ar / r['wall_ms']:.2f}" if ar and r["wall_ms"] > 0 else "n/a")
     Console().print(table)
     if args.json:
-        write_json(args.json, {"rack_sizes": sizes, "scenario": args.scenario, "nic": args.nic,
+        write_json(args.json, stamp({"rack_sizes": sizes, "scenario": args.scenario, "nic": args.nic,
                                "uplink": args.uplink, "alpha_us": args.alpha_us, "efficiency": args.efficiency,
                                "contended_uplinks": args.contended_uplinks, "compute_ms": args.compute_ms, "size_mb": args.size_mb,
-                               "iterations": args.iterations, "seconds": elapsed, "strategies": result})
+                               "iterations": args.iterations, "seconds": elapsed, "strategies": result}))
     return 0

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from dssync._jsonfile import check_writable, write_json
+from dssync.bench.provenance import stamp
 from dssync.commands._common import fraction, positive_float, positive_int
 
 __all__ = ["add_parser", "run"]
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"switch at {policy['switch_at']:.4g} of the workload (target accuracy {policy['target_accuracy']:.4f} "
           f"± {args.beta}): dssync train --strategy sync-switch --set switch_at={policy['switch_at']:.6g}")
     if args.out:
-        write_json(args.out, policy)
+        write_json(args.out, stamp(policy))
     return 0
 
 

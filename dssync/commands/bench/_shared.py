@@ -32,11 +32,16 @@ def _eval_and_warmup(args: argparse.Namespace) -> tuple[int, int]:
 
 
 def _report(table: str, records: object, args: argparse.Namespace) -> None:
-    """Print the markdown table; write the records (--json) and the table (--markdown)."""
+    """Print the markdown table; write the records (--json) and the table (--markdown), each
+    stamped with its provenance (``dssync.bench.provenance``): a ``provenance`` key in every
+    record of a list, or in the one record, and the markdown's first line."""
     from pathlib import Path
 
+    from dssync.bench.provenance import markdown_line, provenance, stamp
+
+    prov = provenance()
     print(table)
     if args.json:
-        write_json(args.json, records)
+        write_json(args.json, stamp(records, prov))
     if args.markdown:
-        Path(args.markdown).write_text(table + "\n")
+        Path(args.markdown).write_text(markdown_line(prov) + "\n\n" + table + "\n")

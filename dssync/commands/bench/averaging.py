@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from dssync._jsonfile import write_json
+from dssync.bench.provenance import stamp
 from dssync.commands._common import non_negative_int, parse_rack_sizes, positive_float, positive_int
 from dssync.commands.bench._shared import _outputs_checked
 from dssync.launch import run_ranks
@@ -48,5 +49,5 @@ def run_averaging(args: argparse.Namespace) -> int:
                   f"{record['bare_allreduce_ms']:.2f}", f"{record['ratio']:.3f}")
     Console().print(table)
     if args.json:
-        write_json(args.json, record)
+        write_json(args.json, stamp(record))
     return 0

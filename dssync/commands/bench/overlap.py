@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from dssync._jsonfile import write_json
+from dssync.bench.provenance import stamp
 from dssync.commands._common import non_negative_float, parse_rack_sizes, positive_int
 from dssync.commands.bench._shared import _outputs_checked
 
@@ -56,5 +57,5 @@ def run_overlap(args: argparse.Namespace) -> int:
     Console().print(f"overlap / after-step wall time per iteration: {record['ratio']:.3f}; "
                     f"accuracy difference {record['accuracy_diff_pp']:+.2f} pp")
     if args.json:
-        write_json(args.json, record)
+        write_json(args.json, stamp(record))
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from dssync._jsonfile import write_json
+from dssync.bench.provenance import stamp
 from dssync.commands._common import parse_rack_sizes, positive_int
 from dssync.commands.bench._shared import _outputs_checked
 
@@ -58,5 +59,5 @@ def run_probe_backends(args: argparse.Namespace) -> int:
                   f"{len(record['rows'])} directed pairs; probe time builtin "
                   f"{record['probe_seconds']['builtin']:.1f} s, iperf3 {record['probe_seconds']['iperf3']:.1f} s")
     if args.json:
-        write_json(args.json, record)
+        write_json(args.json, stamp(record))
     return 0

@@ -1,0 +1,68 @@
+"""Where a measurement came from: the code, the command, the date and the machine.
+
+Every record ``dssync bench`` writes carries this (JSON: a ``provenance`` key; markdown: its
+first line), so that a figure can be traced to the commit that produced it and re-measured
+when the code it measures changes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["markdown_line", "provenance", "stamp"]
+
+
+def _git(*args: str) -> str | None:
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "-C", str(here), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def provenance(argv: list[str] | None = None) -> dict[str, Any]:
+    """The commit of the installed checkout (``None`` outside one; ``dirty`` when files it
+    tracks differ from it), the command as typed (``dssync`` and its arguments), the UTC date,
+    and the machine's cores (those this process may run on) and Python."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    argv = sys.argv[1:] if argv is None else argv
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    try:
+        dssync_version = version("dssync")
+    except PackageNotFoundError:
+        dssync_version = None
+    return {
+        "commit": commit,
+        "dirty": bool(status),
+        "command": shlex.join(["dssync", *argv]),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "cores": len(os.sched_getaffinity(0)),
+        "python": sys.version.split()[0],
+        "dssync": dssync_version,
+    }
+
+
+def markdown_line(prov: dict[str, Any]) -> str:
+    """The first line of a markdown record: commit, date, cores and the command."""
+    commit = (prov.get("commit") or "unknown")[:12] + (" (with uncommitted changes)" if prov.get("dirty") else "")
+    return (f"Measured at commit {commit} on {prov.get('date')}, {prov.get('cores')} cores: "
+            f"`{prov.get('command')}`")
+
+
+def stamp(records: Any, prov: dict[str, Any] | None = None) -> Any:
+    """``records`` with ``provenance`` added: to every record of a list, or to the one record."""
+    prov = provenance() if prov is None else prov
+    if isinstance(records, list):
+        return [dict(r, provenance=prov) if isinstance(r, dict) else r for r in records]
+    if isinstance(records, dict):
+        return dict(records, provenance=prov)
+    return records

@@ -1,0 +1,40 @@
+"""Every bench record says where it came from: commit, command, date, cores."""
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from dssync.bench.provenance import provenance
+from dssync.commands.bench._shared import _report
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_provenance_names_this_checkouts_commit_the_command_and_the_cores():
+    prov = provenance(["bench", "compare", "--scenario", "static,inter-rack", "--strategies", "ddp,local-sgd:period=4"])
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:  # run from a checkout (as CI is)
+        assert prov["commit"] == head.stdout.strip()
+    assert prov["command"] == "dssync bench compare --scenario static,inter-rack --strategies ddp,local-sgd:period=4"
+    assert prov["cores"] == len(os.sched_getaffinity(0))
+    when = datetime.datetime.fromisoformat(prov["date"])
+    assert abs((datetime.datetime.now(datetime.UTC) - when).total_seconds()) < 60
+
+
+def test_a_bench_report_stamps_every_record_and_the_markdowns_first_line(tmp_path, capsys):
+    out, md = tmp_path / "r.json", tmp_path / "r.md"
+    _report("| a |\n|---|\n| 1 |", [{"strategy": "ddp"}, {"strategy": "ds-sync"}],
+            argparse.Namespace(json=str(out), markdown=str(md)))
+    records = json.loads(out.read_text())
+    assert [r["strategy"] for r in records] == ["ddp", "ds-sync"]
+    assert all(set(r["provenance"]) >= {"commit", "command", "date", "cores"} for r in records)
+    first, blank, *rest = md.read_text().splitlines()
+    assert first.startswith("Measured at commit ") and records[0]["provenance"]["command"] in first
+    assert blank == "" and rest == ["| a |", "|---|", "| 1 |"]
+    assert capsys.readouterr().out == "| a |\n|---|\n| 1 |\n"
+    one = tmp_path / "one.json"
+    _report("t", {"rows": [1]}, argparse.Namespace(json=str(one), markdown=None))
+    assert json.loads(one.read_text())["provenance"]["cores"] >= 1
