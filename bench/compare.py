@@ -19,6 +19,7 @@ timed from their curve). With an explicit ``target`` every strategy runs interle
 
 from __future__ import annotations
 
+import math
 import statistics
 import tempfile
 from collections.abc import Callable, Sequence
@@ -30,26 +31,34 @@ from dssync.errors import DssyncError
 from dssync.launch import emulate
 from dssync.training.loop import comm_warmup, first_at_target, per_rank_comm_ms
 
-__all__ = ["compare", "loss_rows", "loss_table", "markdown_table", "parse_variant", "plot", "seed_rows", "seed_table",
+__all__ = ["compare", "loss_rows", "loss_table", "markdown_table", "median_with_misses", "parse_variant", "plot", "seed_rows", "seed_table", "split_settings",
            "summarize"]
 
 
 def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = "digits", steps: int = 300,
-            repeats: int = 1, eval_every: int = 10, adjust_every: int = 25, model_mb: float = 1.0,
+            repeats: int = 1, seeds: Sequence[int] | None = None, eval_every: int = 10, adjust_every: int = 25, model_mb: float = 1.0,
             name: str = "cmp", timeout_s: float = 1800.0, cpu: dict[int, float] | None = None,
             episodes: Sequence[emulate.Episode] = (), train_args: Sequence[str] = (),
             reference: str | None = "ddp", target: float | None = None, stop: bool = True,
-            progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+            rate_scale: float = 1.0, progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Train every strategy on every scenario; one ``train --json`` record per run, plus
-    ``scenario`` and ``repeat``. ``train_args`` go to every ``dssync train`` (``--lr``,
+    ``scenario`` and ``repeat`` (the run's seed). ``seeds`` are the seeds every strategy runs
+    (default ``0 .. repeats - 1``): a tuning sweep runs on seeds that a reported comparison does
+    not use. ``train_args`` go to every ``dssync train`` (``--lr``,
     ``--lr-schedule`` ...). ``cpu`` caps workers' CPU (rank -> cores): stragglers on top of the
     scenario's network; ``episodes`` are transient stragglers, the same in every run
-    (``emulate.run``). ``stop=False`` runs everything to ``steps`` (no target)."""
+    (``emulate.run``). ``stop=False`` runs everything to ``steps`` (no target). ``rate_scale``
+    multiplies the scenario's NIC and uplink rates (a small model on few cores needs slower
+    links for communication, not the cores, to bound a step; the background flows take
+    their share of whatever the links carry)."""
     unknown = [s for s in scenarios if s not in emulate.SCENARIOS]
     if unknown:
         raise ValueError(f"unknown scenario {unknown[0]!r}; choose from {', '.join(emulate.SCENARIOS)}")
-    if repeats < 1 or steps < 1 or eval_every < 1:
-        raise ValueError(f"repeats, steps and eval_every must be positive, got {repeats}, {steps}, {eval_every}")
+    seeds = list(range(repeats)) if seeds is None else list(seeds)
+    if not seeds or steps < 1 or eval_every < 1:
+        raise ValueError(f"seeds, steps and eval_every must be given and positive, got {seeds}, {steps}, {eval_every}")
+    if len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise ValueError(f"seeds must be distinct and non-negative, got {seeds}")
     if reference is not None and reference not in strategies:
         raise ValueError(f"the reference strategy {reference!r} is not among --strategies {', '.join(strategies)}")
     for scenario in scenarios:  # before any network is built
@@ -57,6 +66,8 @@ def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = 
         for e in episodes:
             if e.rank >= workers:
                 raise ValueError(f"episode {e}: scenario {scenario!r} has workers 0..{workers - 1}")
+    if not 0 < rate_scale < 1e6:
+        raise ValueError(f"rate_scale must be positive, got {rate_scale}")
     if any(e.delay is not None for e in episodes):
         emulate.check_netem()
     records: list[dict[str, Any]] = []
@@ -64,7 +75,8 @@ def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = 
         spec = emulate.SCENARIOS[scenario]
         common = ["--task", task, "--steps", str(steps), "--eval-every", str(eval_every),
                   "--rack-sizes", ",".join(map(str, spec["rack_sizes"])), "--model-mb", str(model_mb), *train_args]
-        with emulate.cluster(spec["rack_sizes"], nic=spec["nic"], uplink=spec["uplink"], name=name), \
+        nic, uplink = (emulate.format_rate(round(emulate.parse_rate(spec[k]) * rate_scale)) for k in ("nic", "uplink"))
+        with emulate.cluster(spec["rack_sizes"], nic=nic, uplink=uplink, name=name), \
                 tempfile.TemporaryDirectory() as tmp:
             if spec["flows"] or cpu:
                 emulate.contend(name=name, flows=spec["flows"], cpu=cpu)
@@ -81,14 +93,14 @@ def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = 
             goal, first = target, []
             if stop and goal is None and reference is not None:  # the reference sets the target
                 first = [reference]
-                for rep in range(repeats):
+                for rep in seeds:
                     run(reference, rep, None)
                 bests = [r["best_accuracy"] for r in records if (r["scenario"], r["strategy"]) == (scenario, reference)
                          and "error" not in r]
                 if not bests:
                     raise DssyncError(f"{scenario}: every run of the reference {reference} failed; no target")
                 goal = min(bests)
-            for rep in range(repeats):
+            for rep in seeds:
                 for strategy in strategies:
                     if strategy not in first:
                         run(strategy, rep, goal if stop else None)
@@ -100,7 +112,8 @@ def _train(cluster: str, out: Path, strategy: str, rep: int, goal: float | None,
     """One ``dssync train`` job of ``strategy`` on the cluster, seed ``rep``, stopped at ``goal``
     if given; its record, or ``{"error": ...}`` (one failed job loses neither the others nor itself)."""
     base, settings = parse_variant(strategy)
-    args = ["--strategy", base, "--seed", str(rep), *common, *[a for kv in settings for a in ("--set", kv)]]
+    sets, own = split_settings(settings)
+    args = ["--strategy", base, "--seed", str(rep), *common, *own, *[a for kv in sets for a in ("--set", kv)]]
     if base == "ds-sync" and adjust_every:
         args += ["--adjust-every", str(adjust_every)]
     if goal is not None:
@@ -113,10 +126,20 @@ def _train(cluster: str, out: Path, strategy: str, rep: int, goal: float | None,
 
 def parse_variant(spec: str) -> tuple[str, list[str]]:
     """``"psp:push_quorum=3:pull_fraction=0.75"`` -> ``("psp", ["push_quorum=3", "pull_fraction=0.75"])``:
-    a strategy and ``dssync train --set`` settings, so one comparison can hold several
-    settings of one strategy side by side (its records keep the whole spec as ``strategy``)."""
+    a strategy and its settings, so one comparison can hold several settings of one strategy
+    side by side (its records keep the whole spec as ``strategy``). A setting that starts with
+    ``--`` is an option of the run's ``dssync train`` (``split_settings``)."""
     name, *settings = [part.strip() for part in spec.split(":")]
     return name, [kv for kv in settings if kv]
+
+
+def split_settings(settings: Sequence[str]) -> tuple[list[str], list[str]]:
+    """A variant's settings split into the strategy's (``KEY=VALUE``, for ``--set``) and the
+    run's own ``dssync train`` options (``--OPTION=VALUE``, e.g. ``--optimizer=adamw`` or
+    ``--lr=0.001``), which come after the comparison's common ones and so override them."""
+    sets = [kv for kv in settings if not kv.startswith("--")]
+    own = [part for kv in settings if kv.startswith("--") for part in kv.split("=", 1)]
+    return sets, own
 
 
 def _time_to(curve: list[dict[str, Any]], target: float) -> tuple[float | None, int | None]:
@@ -185,17 +208,25 @@ def rank_comm_ms(record: dict[str, Any]) -> float | None:
     return per_rank_comm_ms([[x / 1e3 for x in mine] for mine in by_rank], warmup=comm_warmup(steps))
 
 
-def _median(values: Sequence[float | None]) -> float | None:
-    kept = [v for v in values if v is not None]
-    return statistics.median(kept) if kept and len(kept) == len(values) else None
+def median_with_misses(values: Sequence[float | None]) -> float | None:
+    """The median of ``values`` where ``None`` is a run that never got there (infinitely late):
+    ``None`` unless more than half of them got there (of 5: at least 3); of an even count, the
+    mean of the two middle ones, so ``None`` unless both got there."""
+    if not values:
+        return None
+    m = statistics.median(math.inf if v is None else v for v in values)
+    return None if math.isinf(m) else m
 
 
 def summarize(records: Sequence[dict[str, Any]], reference: str | None = "ddp") -> list[dict[str, Any]]:
-    """One row per (scenario, strategy), medians over the repeats that finished (runs that
-    failed are counted in ``failed``): time to the scenario's target and its ratio to the
-    reference's, iterations to target (``None`` unless every repeat reached it; ``reached``
-    counts those that did), wall and comm ms per iteration, best accuracy. The target is the
-    one the runs were stopped at, else the reference's lowest best accuracy."""
+    """One row per (scenario, strategy) over its seeds: time to the scenario's target as the
+    median over the seeds, a seed that never reached it (or whose run failed) counting as
+    never, so that it exists when more than half reached it (``median_with_misses``), and its
+    ratio to the reference's; iterations to target, the same way; ``reached`` counts the seeds
+    that got there of ``repeats`` (failed runs included, and named in ``failed``); wall and comm
+    ms per iteration and best accuracy, medians over the runs that finished. The target is the
+    one the runs were stopped at, else the reference's lowest best accuracy over its seeds
+    (the DS-Sync paper's rule: the lowest of BSP's best accuracies over five runs)."""
     rows = []
     failed = [r for r in records if "error" in r]
     records = [r for r in records if "error" not in r]
@@ -206,13 +237,16 @@ def summarize(records: Sequence[dict[str, Any]], reference: str | None = "ddp") 
         target = min(given) if given else (min(ref_bests) if ref_bests else None)
         for strategy in dict.fromkeys(r["strategy"] for r in runs):
             mine = [r for r in runs if r["strategy"] == strategy]
+            lost = sum(1 for f in failed if (f["scenario"], f["strategy"]) == (scenario, strategy))
             reached = [_time_to(r["curve"], target) if target is not None else (None, None) for r in mine]
+            reached += [(None, None)] * lost
             rows.append({
-                "scenario": scenario, "strategy": strategy, "repeats": len(mine),
+                "scenario": scenario, "strategy": strategy, "repeats": len(reached),
                 "target_accuracy": target,
                 "reached": sum(t is not None for t, _ in reached),
-                "time_to_target_s": _median([t for t, _ in reached]),
-                "iterations_to_target": _median([i for _, i in reached]),
+                "time_to_target_s": median_with_misses([t for t, _ in reached]),
+                "iterations_to_target": median_with_misses([i for _, i in reached]),
+                "seed_times_to_target_s": {r["repeat"]: t for r, (t, _) in zip(mine, reached, strict=False)},
                 "wall_ms_per_iter": statistics.median(1e3 * r["wall_s"] / r.get("steps_run", r["steps"]) for r in mine),
                 "rank_comm_ms_per_iter": _median([rank_comm_ms(r) for r in mine]),
                 "comm_ms_per_iter": statistics.median(r["comm_ms_per_iter"] for r in mine),
@@ -220,7 +254,7 @@ def summarize(records: Sequence[dict[str, Any]], reference: str | None = "ddp") 
                 "best_accuracy_min": min(r["best_accuracy"] for r in mine),
                 "wall_s": statistics.median(r["wall_s"] for r in mine),
                 "steps": mine[0]["steps"],
-                "failed": sum(1 for f in failed if (f["scenario"], f["strategy"]) == (scenario, strategy)),
+                "failed": lost,
             })
         ref = next((r for r in rows if r["scenario"] == scenario and r["strategy"] == reference), None)
         for row in rows:
@@ -228,6 +262,11 @@ def summarize(records: Sequence[dict[str, Any]], reference: str | None = "ddp") 
                 ok = ref is not None and ref["time_to_target_s"] and row["time_to_target_s"]
                 row["tta_ratio"] = ref["time_to_target_s"] / row["time_to_target_s"] if ok else None
     return rows
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return statistics.median(kept) if kept and len(kept) == len(values) else None
 
 
 def markdown_table(rows: Sequence[dict[str, Any]], reference: str = "ddp") -> str:
@@ -241,7 +280,7 @@ def markdown_table(rows: Sequence[dict[str, Any]], reference: str = "ddp") -> st
                      f"{_fmt(r.get('rank_comm_ms_per_iter'), '.1f')} | {r['comm_ms_per_iter']:.1f} | "
                      f"{r['best_accuracy']:.4f} ({r['best_accuracy_min']:.4f}) | "
                      f"{_fmt(r['target_accuracy'], '.4f')} |")
-    failures = [f"{r['scenario']} {r['strategy']}: {r['failed']} of {r['repeats'] + r['failed']} runs failed"
+    failures = [f"{r['scenario']} {r['strategy']}: {r['failed']} of {r['repeats']} runs failed"
                 for r in rows if r.get("failed")]
     if failures:
         lines += ["", "Left out: " + "; ".join(failures) + " (the error of each is in the JSON records)."]
@@ -299,7 +338,7 @@ def seed_table(rows: Sequence[dict[str, Any]], reference: str = "ddp") -> str:
 def plot(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], out: str | Path,
          reference: str = "ddp") -> None:
     """Time to accuracy relative to the reference per strategy and scenario (bars; none where a
-    strategy missed the target in some seed) and, per scenario, seed 0's accuracy against wall
+    strategy missed the target in some seed) and, per scenario, the first seed's accuracy against wall
     time near the target (curves, the target dashed)."""
     import matplotlib
 
@@ -308,6 +347,7 @@ def plot(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], out:
 
     scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
     strategies = list(dict.fromkeys(r["strategy"] for r in rows))
+    first_seed = min((r.get("repeat", 0) for r in records), default=0)
     fig, axes = plt.subplots(1, 1 + len(scenarios), figsize=(5 * (1 + len(scenarios)), 4.5), squeeze=False)
     ax = axes[0][0]
     width = 0.8 / max(1, len(strategies))
@@ -325,14 +365,14 @@ def plot(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], out:
         target = next((r["target_accuracy"] for r in rows if r["scenario"] == scenario), None)
         for strategy in strategies:
             run = next((r for r in records if r["scenario"] == scenario and r["strategy"] == strategy
-                        and r.get("repeat", 0) == 0 and "error" not in r), None)
+                        and r.get("repeat", 0) == first_seed and "error" not in r), None)
             if run is not None:
                 ax.plot([p["wall_s"] for p in run["curve"]], [p["accuracy"] for p in run["curve"]],
                         label=strategy, color=colors[strategy])
         if target is not None:
             ax.axhline(target, color="black", linestyle="--", linewidth=0.8)
             ax.set_ylim(target - 0.01, target + 0.004)
-        ax.set_title(f"{scenario} (seed 0)")
+        ax.set_title(f"{scenario} (seed {first_seed})")
         ax.set_xlabel("wall time s (evaluations excluded)")
         ax.set_ylabel("test accuracy of the handed-back model")
     fig.tight_layout()

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import argparse
 
-from dssync.commands._common import fraction, non_negative_int, positive_float, positive_int
+from dssync.commands._common import (
+    fraction,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from dssync.commands.bench._shared import (
     COMPARE_STRATEGIES,
     _eval_and_warmup,
     _outputs_checked,
     _report,
 )
-from dssync.training.loop import LR_SCHEDULES
+from dssync.training.loop import LR_SCHEDULES, OPTIMIZERS
 
 __all__ = ["add_parser", "run_compare"]
 
@@ -37,17 +43,26 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
                    help="run every strategy to --steps instead of stopping at the target")
     c.add_argument("--task", default="mnist-wide")
     c.add_argument("--steps", type=positive_int, default=600, help="iterations, the cap of runs that stop at the target")
-    c.add_argument("--repeats", type=positive_int, default=1)
+    c.add_argument("--repeats", type=positive_int, default=1, help="seeds 0 .. N-1 (default 1)")
+    c.add_argument("--seeds", default=None, metavar="S,S,...",
+                   help="the seeds, instead of --repeats (a tuning sweep runs on seeds the report does not use)")
+    c.add_argument("--tuned", metavar="TUNED.json",
+                   help="run each peer named plainly in --strategies at the setting bench tune chose for it")
     c.add_argument("--eval-every", type=positive_int, default=None,
                    help="evaluate every this many iterations (default: every 2%% of --steps)")
     c.add_argument("--batch-size", type=positive_int, default=32, help="per-worker minibatch")
     c.add_argument("--adjust-every", type=non_negative_int, default=25, help="ds-sync's regrouping interval (0: off)")
     c.add_argument("--model-mb", type=positive_float, default=1.0, help="model size of the synthetic task")
-    c.add_argument("--lr", type=positive_float, default=0.15, help="peak learning rate of the loop's SGD (default 0.15)")
+    c.add_argument("--lr", type=positive_float, default=0.15,
+                   help="peak learning rate of the loop's optimizer (default 0.15)")
+    c.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS, help="the loop's optimizer (default sgd)")
+    c.add_argument("--weight-decay", type=non_negative_float, default=0.0, metavar="WD")
     c.add_argument("--lr-schedule", default="cosine", choices=LR_SCHEDULES,
                    help="after the warm-up (default cosine, to zero at --steps)")
     c.add_argument("--warmup-steps", type=non_negative_int, default=None, metavar="N",
                    help="linear learning-rate warm-up (default: 5%% of --steps)")
+    c.add_argument("--rate-scale", type=positive_float, default=1.0, metavar="F",
+                   help="multiply every NIC and uplink rate of the scenarios by F (default 1)")
     c.add_argument("--cpu", nargs="+", default=[], metavar="RANK:CORES",
                    help="stragglers: cap these workers' CPU on every scenario (emulate contend --cpu)")
     c.add_argument("--episode", action="append", default=[], metavar="SPEC",
@@ -74,15 +89,40 @@ def run_compare(args: argparse.Namespace) -> int:
         plot,
         seed_rows,
         seed_table,
+        split_settings,
         summarize,
     )
+    from dssync.cli import build_parser
     from dssync.commands.train import strategy_settings
     from dssync.strategies import get_strategy
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    if args.tuned:
+        import json
+        from pathlib import Path
+
+        from dssync.bench.tune import apply_tuned
+
+        try:
+            chosen = json.loads(Path(args.tuned).read_text())["chosen"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"cannot read the chosen settings of {args.tuned} (bench tune --json): {exc}") from None
+        strategies = apply_tuned(strategies, chosen)
+    seeds = None
+    if args.seeds is not None:
+        try:
+            seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"--seeds takes comma-separated integers, got {args.seeds!r}") from None
     for s in strategies:  # unknown names and bad settings fail here, before any network is built
         name, settings = parse_variant(s)
-        get_strategy(name).Config(**strategy_settings(name, settings))
+        sets, own = split_settings(settings)
+        get_strategy(name).Config(**strategy_settings(name, sets))
+        if own:  # the run's own train options: parsed as dssync train would, so a typo fails now
+            try:
+                build_parser().parse_args(["train", "--strategy", name, *own])
+            except SystemExit:
+                raise ValueError(f"{s}: {' '.join(own)} is not a valid set of dssync train options") from None
     scenarios = [s.strip() for s in args.scenario.split(",") if s.strip()]
     from dssync.launch.emulate import parse_cpu_limit, parse_episode
 
@@ -90,13 +130,22 @@ def run_compare(args: argparse.Namespace) -> int:
     episodes = [parse_episode(text) for text in args.episode]
     eval_every, warmup = _eval_and_warmup(args)
     train_args = ["--lr", repr(args.lr), "--lr-schedule", args.lr_schedule, "--warmup-steps", str(warmup),
-                  "--batch-size", str(args.batch_size)]
+                  "--batch-size", str(args.batch_size), "--optimizer", args.optimizer,
+                  "--weight-decay", repr(args.weight_decay)]
     reference = None if args.no_stop or args.target_accuracy is not None else args.reference
     if reference is not None and reference not in strategies:
         raise ValueError(f"--reference {reference} must be one of --strategies (or give --target-accuracy)")
     console = Console(stderr=True)
 
+    from dssync._jsonfile import write_json
+    from dssync.bench.provenance import provenance, stamp
+
+    prov, done = provenance(), []
+
     def report(r: dict) -> None:
+        done.append(r)
+        if args.json:  # the runs so far, rewritten after each: an interrupted comparison keeps them
+            write_json(args.json, stamp(done, prov))
         head = f"{r['scenario']} {r['strategy']} seed {r['repeat']}: "
         if "error" in r:
             console.print(head + f"FAILED: {r['error']}", markup=False, highlight=False)
@@ -107,13 +156,14 @@ def run_compare(args: argparse.Namespace) -> int:
                       f"{r['best_accuracy']:.4f}" + ("" if tta is None else f", target reached at {tta:.1f} s"),
                       markup=False, highlight=False)
 
-    records = compare(scenarios, strategies, task=args.task, steps=args.steps, repeats=args.repeats,
+    records = compare(scenarios, strategies, task=args.task, steps=args.steps, repeats=args.repeats, seeds=seeds,
                       eval_every=eval_every, adjust_every=args.adjust_every, model_mb=args.model_mb, cpu=cpu,
                       episodes=episodes, train_args=train_args, reference=reference,
-                      target=args.target_accuracy, stop=not args.no_stop, progress=report)
+                      target=args.target_accuracy, stop=not args.no_stop, rate_scale=args.rate_scale,
+                      progress=report)
     rows = summarize(records, reference=args.reference)
     table = markdown_table(rows, reference=args.reference)
-    if args.repeats > 1:
+    if (len(seeds) if seeds else args.repeats) > 1:
         table += (f"\n\nBest accuracy per seed, and paired with {args.reference}'s on the same seed "
                   "(†: stopped at the target, so no higher than the target):\n\n") + \
             seed_table(seed_rows(records, reference=args.reference), reference=args.reference)
