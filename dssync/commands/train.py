@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from dssync._jsonfile import check_writable, write_json
+from dssync.bench.provenance import stamp
 from dssync.commands._common import (
     add_topology_options,
     finite_float,
@@ -22,7 +23,7 @@ from dssync.commands._common import (
 from dssync.launch import from_environ
 from dssync.strategies import REGISTRY, get_strategy
 from dssync.strategies.ds_sync import ENSEMBLES
-from dssync.training.loop import LR_SCHEDULES, TrainConfig, train
+from dssync.training.loop import LR_SCHEDULES, OPTIMIZERS, TrainConfig, train
 from dssync.training.tasks import TASKS
 
 __all__ = ["add_parser", "run", "strategy_settings"]
@@ -68,7 +69,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", default="torch", choices=("torch", "mpi", "horovod"),
                    help="collective library (default torch: gloo on CPU, NCCL on CUDA)")
     p.add_argument("--batch-size", type=positive_int, default=32, help="per-rank minibatch")
-    p.add_argument("--lr", type=positive_float, default=0.05, help="peak learning rate of the loop's SGD")
+    p.add_argument("--lr", type=positive_float, default=0.05, help="peak learning rate of the loop's optimizer")
+    p.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS,
+                   help="the loop's optimizer: sgd (momentum 0.9) or adamw (DiLoCo's inner optimizer; give it "
+                   "an Adam-sized --lr such as 1e-3) (default sgd)")
+    p.add_argument("--weight-decay", type=non_negative_float, default=0.0, metavar="WD",
+                   help="decoupled weight decay of adamw, L2 of sgd (default 0)")
     p.add_argument("--lr-schedule", default="constant", choices=LR_SCHEDULES,
                    help="after the warm-up: constant, or a half cosine to zero at --steps")
     p.add_argument("--warmup-steps", type=int, default=0, metavar="N",
@@ -148,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
     topology = topology_from_args(args)
     cfg = TrainConfig(
         strategy=args.strategy, task=args.task, steps=args.steps, seed=args.seed,
-        batch_size=args.batch_size, lr=args.lr, lr_schedule=args.lr_schedule,
+        batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer, weight_decay=args.weight_decay,
+        lr_schedule=args.lr_schedule,
         warmup_steps=args.warmup_steps, target_accuracy=args.target_accuracy, eval_every=args.eval_every,
         model_mb=args.model_mb, num_racks=args.racks or 2, topology=topology,
         probe_first=args.racks is None,
@@ -165,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     if record is None:  # a non-zero rank under a launcher
         return 0
     if args.json:
-        write_json(args.json, record)
+        write_json(args.json, stamp(record))
     summary = {k: record[k] for k in ("strategy", "task", "world_size", "resumed_from", "steps_run", "final_accuracy",
                                       "best_accuracy", "wall_s", "per_rank_comm_ms_per_iter",
                                       "comm_ms_per_iter", "time_to_target_s")}

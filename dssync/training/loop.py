@@ -30,7 +30,7 @@ from dssync.topology import Topology
 from dssync.training import checkpoint as ckpt
 from dssync.training.tasks import TASKS, build_task
 
-__all__ = ["LR_SCHEDULES", "TrainConfig", "at_target", "first_at_target", "lr_factor", "per_rank_comm_ms", "summarize_comm",
+__all__ = ["LR_SCHEDULES", "OPTIMIZERS", "make_optimizer", "TrainConfig", "at_target", "first_at_target", "lr_factor", "per_rank_comm_ms", "summarize_comm",
            "train", "train_rank"]
 
 
@@ -43,6 +43,12 @@ class TrainConfig:
     batch_size: int = 32
     lr: float = 0.05
     momentum: float = 0.9
+    """SGD's momentum (``optimizer`` sgd)."""
+    optimizer: str = "sgd"
+    """The loop's optimizer, ``sgd`` (``torch.optim.SGD`` with ``momentum``) or ``adamw``
+    (``torch.optim.AdamW``, torch's default betas): each rank steps it on its own gradients
+    (or, with a gradient-averaging strategy, the averaged ones)."""
+    weight_decay: float = 0.0
     eval_every: int = 25
     """Evaluate the model the strategy would hand back every this many steps (rank 0)."""
     model_mb: float = 1.0
@@ -90,6 +96,10 @@ class TrainConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if not self.lr > 0 or self.lr == float("inf"):
             raise ValueError(f"lr must be a positive number, got {self.lr}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
+        if not 0 <= self.weight_decay < 1:
+            raise ValueError(f"weight_decay must be in [0, 1), got {self.weight_decay}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"unknown lr_schedule {self.lr_schedule!r}; choose from {', '.join(LR_SCHEDULES)}")
         if not 0 <= self.warmup_steps < self.steps:
@@ -125,6 +135,14 @@ class TrainConfig:
 
 
 LR_SCHEDULES = ("constant", "cosine")
+OPTIMIZERS = ("sgd", "adamw")
+
+
+def make_optimizer(cfg: TrainConfig, params: Any) -> torch.optim.Optimizer:
+    """The loop's optimizer over ``params``, as ``cfg`` sets it."""
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
 
 def lr_factor(step: int, *, steps: int, schedule: str = "constant", warmup_steps: int = 0) -> float:
@@ -191,7 +209,7 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
         StrategyContext(comm=comm, model=model, topology=topology, schedule=cfg.schedule, steps=cfg.steps),
         cls.Config(**cfg.strategy_options),
     )
-    base = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    base = make_optimizer(cfg, model.parameters())
     optimizer = strategy.wrap_optimizer(base)  # before the scheduler: strategies read the set rate
     scheduler = torch.optim.lr_scheduler.LambdaLR(base, functools.partial(
         lr_factor, steps=cfg.steps, schedule=cfg.lr_schedule, warmup_steps=cfg.warmup_steps))
