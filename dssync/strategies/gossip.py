@@ -11,9 +11,15 @@ gossip the paper compares with, the graph follows rank numbers, not racks: with 
 numbered rack by rack some exchanges cross an uplink in every iteration, and in one of
 every ``log2 n`` all of them do. The model handed back is the world average of the ranks'
 models.
+
+Its one setting, ``period``, is how often a rank gossips: every ``period`` iterations, the
+``k``-th exchange taking offset ``2^(k mod ceil(log2 n))`` (local SGD between exchanges,
+as in the local-update gossip methods; ``period=1`` is SGP's one exchange per iteration).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -36,14 +42,27 @@ class GossipStrategy(Strategy):
     name = "gossip"
     devices = ("cpu", "cuda")
 
-    def __init__(self, ctx: StrategyContext, config: Strategy.Config | None = None) -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class Config(Strategy.Config):
+        period: int = 1
+        """Gossip every this many iterations (local steps in between)."""
+
+        def __post_init__(self) -> None:
+            if self.period < 1:
+                raise ValueError(f"period must be at least 1, got {self.period}")
+
+    config: Config
+
+    def __init__(self, ctx: StrategyContext, config: Config | None = None) -> None:
         super().__init__(ctx, config)
         self._flat = flatten_parameters(self.model)
         self._inbox = [torch.empty_like(f) for f in self._flat]
 
     @torch.no_grad()
     def _after_step(self, step: int) -> bool:
-        peers = gossip_peers(self.comm.rank, self.comm.world_size, step)
+        if (step + 1) % self.config.period:
+            return False
+        peers = gossip_peers(self.comm.rank, self.comm.world_size, step // self.config.period)
         if peers is None:
             return False
         dst, src = peers

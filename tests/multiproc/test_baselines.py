@@ -42,19 +42,25 @@ def test_local_sgd_averages_over_the_world_every_period_and_only_then():
             torch.testing.assert_close(trace[r][step], mean if averaged else start[r])
 
 
-def test_gossip_mixes_pairwise_keeps_the_mean_and_reaches_consensus():
-    n, steps = 8, 9  # three rounds of offsets 1, 2, 4
-    trace = run_ranks(parameter_mixing, "gossip", {}, NUMEL, steps, nproc=n, timeout_s=60)
+@pytest.mark.parametrize("period", [1, 2])
+def test_gossip_mixes_pairwise_every_period_keeps_the_mean_and_reaches_consensus(period):
+    n, steps = 8, 3 * period  # three exchanges, of offsets 1, 2, 4
+    trace = run_ranks(parameter_mixing, "gossip", {"period": period}, NUMEL, steps, nproc=n, timeout_s=60)
     x = [seeded_vector(r, NUMEL) for r in range(n)]
     mean = torch.stack(x).mean(0)
+    exchange = 0
     for step in range(steps):  # oracle: the same pairwise averages, computed here
-        x = [(x[r] + x[gossip_peers(r, n, step)[1]]) / 2 for r in range(n)]
+        if (step + 1) % period == 0:
+            x = [(x[r] + x[(r - (1 << exchange)) % n]) / 2 for r in range(n)]
+            exchange += 1
         for r in range(n):
             torch.testing.assert_close(trace[r][step], x[r])
         torch.testing.assert_close(torch.stack([trace[r][step] for r in range(n)]).mean(0), mean)
-    # After log2(n) steps of the exponential graph every rank holds the exact mean.
+    # After log2(n) exchanges of the exponential graph every rank holds the exact mean.
     for r in range(n):
-        torch.testing.assert_close(trace[r][2], mean)
+        torch.testing.assert_close(trace[r][steps - 1], mean)
+    if period > 1:  # and not before its first exchange
+        assert not torch.equal(trace[0][period - 2], mean)
 
 
 @pytest.mark.parametrize(("n", "staleness"), [(3, None), (3, 0), (4, 2)])
