@@ -14,6 +14,7 @@ from dssync.commands.bench import (
     probe_backends,
     probe_layouts,
     simcheck,
+    tune,
 )
 from dssync.commands.bench._shared import COMPARE_STRATEGIES
 from dssync.commands.bench.allreduce import run_allreduce
@@ -25,11 +26,12 @@ from dssync.commands.bench.predict import run_predict
 from dssync.commands.bench.probe_backends import run_probe_backends
 from dssync.commands.bench.probe_layouts import run_probe_layouts
 from dssync.commands.bench.simcheck import run_simcheck
+from dssync.commands.bench.tune import run_tune
 
-__all__ = ["COMPARE_STRATEGIES", "add_parser", "run_ensemble", "run_allreduce", "run_compare", "run_averaging", "run_simcheck", "run_predict", "run_overlap", "run_probe_backends", "run_probe_layouts"]
+__all__ = ["COMPARE_STRATEGIES", "add_parser", "run_ensemble", "run_allreduce", "run_compare", "run_averaging", "run_simcheck", "run_predict", "run_overlap", "run_probe_backends", "run_probe_layouts", "run_tune"]
 
 #: The subcommands, in the order ``dssync bench --help`` lists them.
-_SUBCOMMANDS = (allreduce, compare, simcheck, predict, ensemble, averaging, probe_backends, probe_layouts, overlap)
+_SUBCOMMANDS = (allreduce, compare, tune, simcheck, predict, ensemble, averaging, probe_backends, probe_layouts, overlap)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
