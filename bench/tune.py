@@ -37,6 +37,11 @@ RULE = ("per peer, the setting with the lowest geometric mean over scenarios of 
 def choose(records: Sequence[dict[str, Any]], reference: str = "ddp") -> dict[str, Any]:
     """The tuning record of a sweep: ``chosen`` (peer -> its winning spec) and every
     candidate's per-scenario figures and score."""
+    for r in records:
+        if not isinstance(r.get("scenario"), str) or not isinstance(r.get("strategy"), str) or \
+                not ("error" in r or isinstance(r.get("curve"), list)):
+            raise ValueError("the sweep's records must be bench compare's (each with its scenario, strategy and "
+                             f"curve); found one with keys {sorted(r)[:8]}")
     rows = summarize(records, reference=reference)
     scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
     ref = {r["scenario"]: r for r in rows if r["strategy"] == reference}

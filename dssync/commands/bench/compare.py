@@ -77,6 +77,8 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
+    import contextlib
+    import io
 
     from rich.console import Console
 
@@ -119,10 +121,13 @@ def run_compare(args: argparse.Namespace) -> int:
         sets, own = split_settings(settings)
         get_strategy(name).Config(**strategy_settings(name, sets))
         if own:  # the run's own train options: parsed as dssync train would, so a typo fails now
+            said = io.StringIO()
             try:
-                build_parser().parse_args(["train", "--strategy", name, *own])
+                with contextlib.redirect_stderr(said):
+                    build_parser().parse_args(["train", "--strategy", name, *own])
             except SystemExit:
-                raise ValueError(f"{s}: {' '.join(own)} is not a valid set of dssync train options") from None
+                why = said.getvalue().strip().splitlines()[-1:] or ["not dssync train options"]
+                raise ValueError(f"{s}: {' '.join(own)}: {why[0].removeprefix('dssync train: ')}") from None
     scenarios = [s.strip() for s in args.scenario.split(",") if s.strip()]
     from dssync.launch.emulate import parse_cpu_limit, parse_episode
 
