@@ -38,3 +38,20 @@ def test_a_bench_report_stamps_every_record_and_the_markdowns_first_line(tmp_pat
     one = tmp_path / "one.json"
     _report("t", {"rows": [1]}, argparse.Namespace(json=str(one), markdown=None))
     assert json.loads(one.read_text())["provenance"]["cores"] >= 1
+
+
+def test_a_bench_is_credited_to_the_code_it_started_with(tmp_path, monkeypatch):
+    import dssync.bench.provenance as provenance_module
+    from dssync.commands.bench._shared import _outputs_checked
+
+    base = {"command": "dssync bench x", "date": "2026-01-01T00:00:00+00:00", "cores": 2, "dirty": False}
+    taken = iter([dict(base, commit="a" * 40), dict(base, commit="b" * 40)])  # a commit lands mid-bench
+    monkeypatch.setattr(provenance_module, "provenance", lambda argv=None: next(taken))
+    out = tmp_path / "r.json"
+
+    def bench(args):
+        _report("t", [{"strategy": "ddp"}], args)
+        return 0
+
+    assert _outputs_checked(bench)(argparse.Namespace(json=str(out), markdown=None)) == 0
+    assert json.loads(out.read_text())[0]["provenance"]["commit"] == "a" * 40

@@ -16,11 +16,15 @@ __all__ = ["COMPARE_STRATEGIES"]
 
 def _outputs_checked(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """``run`` after its output files (``--json``, ``--markdown``, ``--plot``) are checked
-    writable: a bench runs for minutes and must not lose its record at the end."""
+    writable (a bench runs for minutes and must not lose its record at the end), with its
+    provenance taken now, as ``args.provenance``."""
     def checked(args: argparse.Namespace) -> int:
+        from dssync.bench.provenance import provenance
+
         for key in ("json", "markdown", "plot"):
             if getattr(args, key, None):
                 check_writable(getattr(args, key))
+        args.provenance = provenance()  # as the bench starts: the code that measures
         return run(args)
     return checked
 
@@ -34,12 +38,14 @@ def _eval_and_warmup(args: argparse.Namespace) -> tuple[int, int]:
 def _report(table: str, records: object, args: argparse.Namespace) -> None:
     """Print the markdown table; write the records (--json) and the table (--markdown), each
     stamped with its provenance (``dssync.bench.provenance``): a ``provenance`` key in every
-    record of a list, or in the one record, and the markdown's first line."""
+    record of a list, or in the one record, and the markdown's first line. The provenance is
+    the one taken when the bench started (``_outputs_checked``), so that a commit made while
+    a long bench ran is not credited with its figures."""
     from pathlib import Path
 
     from dssync.bench.provenance import markdown_line, provenance, stamp
 
-    prov = provenance()
+    prov = getattr(args, "provenance", None) or provenance()
     print(table)
     if args.json:
         write_json(args.json, stamp(records, prov))

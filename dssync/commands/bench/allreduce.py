@@ -88,7 +88,7 @@ def run_allreduce(args: argparse.Namespace) -> int:
                        f"({len(rounds)} round(s) of {[len(g) for g in rounds[0]]}), backend {args.backend}, "
                        f"warmup {args.warmup}, iters {args.iters}"))
     if args.json:
-        write_json(args.json, stamp(record))
+        write_json(args.json, stamp(record, args.provenance))
     return 0
 
 
@@ -145,5 +145,5 @@ def _allreduce_per_backend(args: argparse.Namespace, backends: list[str]) -> int
     print("# busbw at the largest size: " + ", ".join(
         f"{b} {row['busbw_gbs']:.3f} GB/s ({row['size']} B)" for b, row in top.items()))
     if args.json:
-        write_json(args.json, stamp({"backends": records}))
+        write_json(args.json, stamp({"backends": records}, args.provenance))
     return 0

@@ -49,5 +49,5 @@ def run_averaging(args: argparse.Namespace) -> int:
                   f"{record['bare_allreduce_ms']:.2f}", f"{record['ratio']:.3f}")
     Console().print(table)
     if args.json:
-        write_json(args.json, stamp(record))
+        write_json(args.json, stamp(record, args.provenance))
     return 0

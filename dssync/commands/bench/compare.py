@@ -145,7 +145,7 @@ def run_compare(args: argparse.Namespace) -> int:
     from dssync._jsonfile import write_json
     from dssync.bench.provenance import provenance, stamp
 
-    prov, done = provenance(), []
+    prov, done = getattr(args, "provenance", None) or provenance(), []
 
     def report(r: dict) -> None:
         done.append(r)

@@ -57,5 +57,5 @@ def run_overlap(args: argparse.Namespace) -> int:
     Console().print(f"overlap / after-step wall time per iteration: {record['ratio']:.3f}; "
                     f"accuracy difference {record['accuracy_diff_pp']:+.2f} pp")
     if args.json:
-        write_json(args.json, stamp(record))
+        write_json(args.json, stamp(record, args.provenance))
     return 0

@@ -59,5 +59,5 @@ def run_probe_backends(args: argparse.Namespace) -> int:
                   f"{len(record['rows'])} directed pairs; probe time builtin "
                   f"{record['probe_seconds']['builtin']:.1f} s, iperf3 {record['probe_seconds']['iperf3']:.1f} s")
     if args.json:
-        write_json(args.json, stamp(record))
+        write_json(args.json, stamp(record, args.provenance))
     return 0

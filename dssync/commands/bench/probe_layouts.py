@@ -63,5 +63,5 @@ def run_probe_layouts(args: argparse.Namespace) -> int:
                   f"{s['probe_seconds_median']:.1f} s max {s['probe_seconds_max']:.1f} s")
     if args.json:
         command = f"dssync bench probe-layouts --count {args.count} --seed {args.seed} --max-workers {args.max_workers}"
-        write_json(args.json, stamp({"command": command, "probe_args": args.probe_args, **result}))
+        write_json(args.json, stamp({"command": command, "probe_args": args.probe_args, **result}, args.provenance))
     return 0
