@@ -40,7 +40,7 @@ def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = 
             name: str = "cmp", timeout_s: float = 1800.0, cpu: dict[int, float] | None = None,
             episodes: Sequence[emulate.Episode] = (), train_args: Sequence[str] = (),
             reference: str | None = "ddp", target: float | None = None, stop: bool = True,
-            rate_scale: float = 1.0, progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+            rate_scale: float = 1.0, previous: Sequence[dict[str, Any]] = (), progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Train every strategy on every scenario; one ``train --json`` record per run, plus
     ``scenario`` and ``repeat`` (the run's seed). ``seeds`` are the seeds every strategy runs
     (default ``0 .. repeats - 1``): a tuning sweep runs on seeds that a reported comparison does
@@ -50,7 +50,9 @@ def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = 
     (``emulate.run``). ``stop=False`` runs everything to ``steps`` (no target). ``rate_scale``
     multiplies the scenario's NIC and uplink rates (a small model on few cores needs slower
     links for communication, not the cores, to bound a step; the background flows take
-    their share of whatever the links carry)."""
+    their share of whatever the links carry). ``previous``: records of an earlier, interrupted
+    comparison with the same settings; a run found there (same scenario, strategy and seed,
+    without an error) is taken from it instead of run again."""
     unknown = [s for s in scenarios if s not in emulate.SCENARIOS]
     if unknown:
         raise ValueError(f"unknown scenario {unknown[0]!r}; choose from {', '.join(emulate.SCENARIOS)}")
@@ -71,6 +73,7 @@ def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = 
     if any(e.delay is not None for e in episodes):
         emulate.check_netem()
     records: list[dict[str, Any]] = []
+    done = {(r.get("scenario"), r.get("strategy"), r.get("repeat")): r for r in previous if "error" not in r}
     for scenario in scenarios:
         spec = emulate.SCENARIOS[scenario]
         common = ["--task", task, "--steps", str(steps), "--eval-every", str(eval_every),
@@ -83,8 +86,15 @@ def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = 
 
             def run(strategy: str, rep: int, goal: float | None, scenario: str = scenario,
                     common: list[str] = common, tmp: str = tmp) -> None:
+                kept = done.get((scenario, strategy, rep))
+                if kept is not None and (goal is None or kept.get("target_accuracy") in (None, goal)):
+                    records.append(kept)
+                    if progress is not None:
+                        progress(kept)
+                    return
                 rec = _train(name, Path(tmp) / f"{strategies.index(strategy)}-{rep}.json", strategy, rep, goal,
                              common, adjust_every=adjust_every, timeout_s=timeout_s, episodes=episodes)
+                rec.pop("provenance", None)  # the job's own (its train command); the comparison's is stamped
                 rec.update({"strategy": strategy, "scenario": scenario, "repeat": rep})
                 records.append(rec)
                 if progress is not None:

@@ -59,10 +59,12 @@ def markdown_line(prov: dict[str, Any]) -> str:
 
 
 def stamp(records: Any, prov: dict[str, Any] | None = None) -> Any:
-    """``records`` with ``provenance`` added: to every record of a list, or to the one record."""
+    """``records`` with ``provenance`` added: to every record of a list, or to the one record.
+    A record that carries one already keeps it (a run kept from an earlier, resumed measurement
+    was measured by the code that record names)."""
     prov = provenance() if prov is None else prov
     if isinstance(records, list):
-        return [dict(r, provenance=prov) if isinstance(r, dict) else r for r in records]
+        return [{**r, "provenance": r.get("provenance", prov)} if isinstance(r, dict) else r for r in records]
     if isinstance(records, dict):
-        return dict(records, provenance=prov)
+        return {**records, "provenance": records.get("provenance", prov)}
     return records

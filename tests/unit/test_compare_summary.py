@@ -201,3 +201,36 @@ def test_the_median_with_misses_counts_a_miss_as_later_than_every_time(values, e
     from dssync.bench.compare import median_with_misses
 
     assert median_with_misses(values) == (None if expected is None else pytest.approx(expected))
+
+
+def test_a_resumed_comparison_runs_only_what_the_interrupted_one_had_not(monkeypatch):
+    import contextlib
+
+    import dssync.bench.compare as cmp
+
+    ran = []
+
+    def fake_train(cluster, out, strategy, rep, goal, common, **kw):
+        ran.append((strategy, rep, goal))
+        return dict(run(strategy, rep, 1.0, 3.0, [(10, 1.0, 0.5), (20, 3.0, 0.95)], scenario="static"),
+                    task="digits", target_accuracy=goal, provenance={"commit": "job's own"})
+
+    monkeypatch.setattr(cmp.emulate, "cluster", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(cmp.emulate, "contend", lambda **k: None)
+    monkeypatch.setattr(cmp, "_train", fake_train)
+    old = {"commit": "before"}
+    previous = [dict(run("ddp", 0, 1.0, 9.0, [(10, 5.0, 0.8), (20, 9.0, 0.91)], scenario="static"), provenance=old),
+                dict(run("ddp", 1, 1.0, 9.0, [(10, 5.0, 0.8), (20, 9.0, 0.93)], scenario="static"), provenance=old),
+                dict(run("ds-sync", 0, 1.0, 2.0, [(10, 2.0, 0.92)], scenario="static"), target_accuracy=0.91,
+                     provenance=old),
+                {"scenario": "static", "strategy": "ds-sync", "repeat": 1, "error": "rank 3 died"}]
+    records = cmp.compare(["static"], ["ddp", "ds-sync"], repeats=2, steps=20, previous=previous)
+    # ddp's two seeds and ds-sync's seed 0 are kept; the failed seed 1 runs again, at the target
+    # the kept ddp runs set (the lower of 0.91 and 0.93).
+    assert ran == [("ds-sync", 1, 0.91)]
+    assert [(r["strategy"], r["repeat"]) for r in records] == [("ddp", 0), ("ddp", 1), ("ds-sync", 0), ("ds-sync", 1)]
+    assert records[2] is previous[2] and "provenance" not in records[3]  # the job's own is dropped
+    from dssync.bench.provenance import stamp
+
+    stamped = stamp(records, {"commit": "now"})
+    assert [r["provenance"]["commit"] for r in stamped] == ["before", "before", "before", "now"]

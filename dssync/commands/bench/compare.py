@@ -70,7 +70,11 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
                    "1:cpu=0.1@5+20 or 3:nic=100mbit@0+30 (emulate run --episode); repeatable")
     c.add_argument("--target-loss", type=positive_float, metavar="LOSS",
                    help="also report iterations, updates and time to this test loss (SpecSync's criterion)")
-    c.add_argument("--json", metavar="OUT", help="one record per run (train --json keys plus scenario)")
+    c.add_argument("--json", metavar="OUT", help="one record per run (train --json keys plus scenario), "
+                   "rewritten after every run")
+    c.add_argument("--resume", action="store_true",
+                   help="keep the runs already in --json (an interrupted comparison with the same settings) and "
+                   "run only the others")
     c.add_argument("--markdown", metavar="OUT", help="the summary table as markdown")
     c.add_argument("--plot", metavar="OUT.png")
     c.set_defaults(run=_outputs_checked(run_compare))
@@ -146,12 +150,13 @@ def run_compare(args: argparse.Namespace) -> int:
     from dssync.bench.provenance import provenance, stamp
 
     prov, done = getattr(args, "provenance", None) or provenance(), []
+    previous = _previous(args) if args.resume else []
 
     def report(r: dict) -> None:
         done.append(r)
         if args.json:  # the runs so far, rewritten after each: an interrupted comparison keeps them
             write_json(args.json, stamp(done, prov))
-        head = f"{r['scenario']} {r['strategy']} seed {r['repeat']}: "
+        head = f"{r['scenario']} {r['strategy']} seed {r['repeat']}{' (kept)' if r in previous else ''}: "
         if "error" in r:
             console.print(head + f"FAILED: {r['error']}", markup=False, highlight=False)
             return
@@ -165,7 +170,7 @@ def run_compare(args: argparse.Namespace) -> int:
                       eval_every=eval_every, adjust_every=args.adjust_every, model_mb=args.model_mb, cpu=cpu,
                       episodes=episodes, train_args=train_args, reference=reference,
                       target=args.target_accuracy, stop=not args.no_stop, rate_scale=args.rate_scale,
-                      progress=report)
+                      previous=previous, progress=report)
     rows = summarize(records, reference=args.reference)
     table = markdown_table(rows, reference=args.reference)
     if (len(seeds) if seeds else args.repeats) > 1:
@@ -178,3 +183,29 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.plot:
         plot(records, rows, args.plot, reference=args.reference)
     return 0
+
+
+def _previous(args: argparse.Namespace) -> list[dict]:
+    """The records of ``--json`` that ``--resume`` keeps; none if the file is not there yet. A
+    record of another task or run length refuses the resumption."""
+    import json
+    from pathlib import Path
+
+    if not args.json:
+        raise ValueError("--resume keeps the runs of --json OUT: give --json")
+    path = Path(args.json)
+    if not path.exists():
+        return []
+    try:
+        records = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--resume: cannot read {path}: {exc}") from None
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise ValueError(f"--resume: {path} is not a list of bench compare records")
+    for r in records:
+        if "error" in r:
+            continue
+        if (r.get("task"), r.get("steps")) != (args.task, args.steps):
+            raise ValueError(f"--resume: {path} holds a run of task {r.get('task')} for {r.get('steps')} steps; "
+                             f"this comparison is {args.task} for {args.steps}")
+    return records
