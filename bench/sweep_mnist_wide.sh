@@ -3,6 +3,8 @@
 # peer beside ddp, on seeds 100 and 101 (never reported), on static and inter-rack, with the
 # headline comparison's run length; then bench tune picks each peer's setting.
 # Writes bench/results/sweep-mnist-wide.{json,md} and bench/results/tuned-mnist-wide.{json,md}.
+# About 150 runs of a minute each on 2 cores: run again to go on after an interruption
+# (--resume keeps the runs already recorded).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dssync=${DSSYNC:-.venv/bin/dssync}
@@ -20,6 +22,6 @@ for inner in "" ":--optimizer=adamw:--lr=0.001:--weight-decay=0.1"; do
   done
 done
 "$dssync" bench compare --scenario static,inter-rack --seeds 100,101 --task mnist-wide --steps 600 \
-  --strategies "$strategies" --json "$out/sweep-mnist-wide.json" --markdown "$out/sweep-mnist-wide.md"
+  --strategies "$strategies" --json "$out/sweep-mnist-wide.json" --markdown "$out/sweep-mnist-wide.md" --resume
 "$dssync" bench tune "$out/sweep-mnist-wide.json" --json "$out/tuned-mnist-wide.json" \
   --markdown "$out/tuned-mnist-wide.md"
