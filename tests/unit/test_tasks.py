@@ -131,3 +131,18 @@ def test_shakespeare_predicts_the_next_character_of_held_out_text():
     other = build_task("shakespeare", seed=4).model.state_dict()
     assert all(torch.equal(v, again[k]) for k, v in task.model.state_dict().items())
     assert not torch.equal(other["embed.weight"], again["embed.weight"])
+
+
+@pytest.mark.parametrize("task", ["mnist-wide", "shakespeare"])
+def test_a_task_built_from_its_cache_is_the_task_built_from_the_package(task, tmp_path, monkeypatch):
+    monkeypatch.setenv("DSSYNC_CACHE", str(tmp_path))
+    first = build_task(task)  # builds from the package and writes the cache
+    (kept,) = tmp_path.glob("*.npz")
+    again = build_task(task)  # reads the cache
+    kept.write_bytes(kept.read_bytes()[:1000])  # a torn cache file is rebuilt, not trusted
+    torn = build_task(task)
+    for name in ("train_x", "train_y", "test_x", "test_y"):
+        for other in (again, torn):
+            a, b = getattr(first, name), getattr(other, name)
+            assert a.dtype == b.dtype and torch.equal(a, b), name
+    assert kept.stat().st_size > 1000
