@@ -1,11 +1,11 @@
 """``dssync bench compare``: time to accuracy of every strategy on one emulated network.
 
 For each scenario (``dssync emulate``'s named layouts) one cluster is built and its background flows started;
-then every strategy trains the task ``repeats`` times (seeds 0, 1, ...), each run a real
+then every strategy trains the task on every seed (``seeds``, or ``0 .. repeats - 1``), each run a real
 ``dssync emulate run -- dssync train`` job. Every strategy gets the racks (``--rack-sizes``),
 nothing more; ds-sync finds the contention itself (``--adjust-every``). A strategy may carry
-settings, ``NAME:KEY=VALUE:...`` (``dssync train --set``), so settings of one strategy
-compare side by side.
+settings, ``NAME:KEY=VALUE:...`` (``dssync train --set``, or ``--OPTION=VALUE`` for the run's
+own train options), so settings of one strategy compare side by side.
 
 The headline is time to accuracy (the DS-Sync paper's measure): training wall
 seconds, evaluations excluded, until the model a strategy hands back first reaches the
@@ -14,7 +14,9 @@ DistributedDataParallel) over the seeds. The reference therefore runs first, on 
 for the whole ``steps``; the others then run seed by seed, interleaved so that slow drift of
 the machine falls on all of them alike, each stopped at its first evaluation that reaches the
 target (``steps`` is the cap; strategies whose snapshots stop no worker run to the cap and are
-timed from their curve). With an explicit ``target`` every strategy runs interleaved.
+timed from their curve). With an explicit ``target`` every strategy runs interleaved. A
+strategy's figure is the median over the seeds, a seed that never reaches the target counting
+as never (``summarize``).
 """
 
 from __future__ import annotations
@@ -31,16 +33,18 @@ from dssync.errors import DssyncError
 from dssync.launch import emulate
 from dssync.training.loop import comm_warmup, first_at_target, per_rank_comm_ms
 
-__all__ = ["compare", "loss_rows", "loss_table", "markdown_table", "median_with_misses", "parse_variant", "plot", "seed_rows", "seed_table", "split_settings",
-           "summarize"]
+__all__ = ["compare", "loss_rows", "loss_table", "markdown_table", "median_with_misses", "parse_variant", "plot",
+           "seed_rows", "seed_table", "split_settings", "summarize"]
 
 
 def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = "digits", steps: int = 300,
-            repeats: int = 1, seeds: Sequence[int] | None = None, eval_every: int = 10, adjust_every: int = 25, model_mb: float = 1.0,
+            repeats: int = 1, seeds: Sequence[int] | None = None, eval_every: int = 10, adjust_every: int = 25,
+            model_mb: float = 1.0,
             name: str = "cmp", timeout_s: float = 1800.0, cpu: dict[int, float] | None = None,
             episodes: Sequence[emulate.Episode] = (), train_args: Sequence[str] = (),
             reference: str | None = "ddp", target: float | None = None, stop: bool = True,
-            rate_scale: float = 1.0, previous: Sequence[dict[str, Any]] = (), progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+            rate_scale: float = 1.0, previous: Sequence[dict[str, Any]] = (),
+            progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Train every strategy on every scenario; one ``train --json`` record per run, plus
     ``scenario`` and ``repeat`` (the run's seed). ``seeds`` are the seeds every strategy runs
     (default ``0 .. repeats - 1``): a tuning sweep runs on seeds that a reported comparison does
