@@ -94,3 +94,30 @@ def test_ds_sync_hands_back_a_model_at_least_as_accurate_as_the_plain_world_aver
             accuracy[name] = task.accuracy(task.model)
         assert accuracy["handed back"] >= accuracy["plain"], (step, accuracy)
     assert accuracy["plain"] > 0.85  # trained: chance is 0.10
+
+
+@pytest.mark.parametrize(("optimizer", "lr"), [("adamw", 3e-3), ("sgd", 0.05)])
+def test_the_loop_steps_the_optimizer_it_is_given(optimizer, lr):
+    """One rank of allreduce takes plain steps of the loop's optimizer; the same steps taken
+    here with torch's optimizer on the same batches give the same test accuracy and loss."""
+    import torch.nn.functional as F
+
+    from dssync.training.tasks import build_task
+
+    steps, wd = 30, 0.05
+    record = train(TrainConfig(strategy="allreduce", task="digits", steps=steps, seed=4, eval_every=steps,
+                               optimizer=optimizer, lr=lr, weight_decay=wd, num_racks=1), nproc=1)
+    task = build_task("digits", seed=4)
+    model = task.model
+    opt = (torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=wd) if optimizer == "adamw"
+           else torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=wd))
+    batches = task.batches(0, 1, 32, 4)
+    for _ in range(steps):
+        x, y = next(batches)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    accuracy, loss = task.evaluate(model)
+    assert record["config"]["optimizer"] == optimizer
+    assert record["final_accuracy"] == pytest.approx(accuracy, abs=1e-12)
+    assert record["curve"][-1]["loss"] == pytest.approx(loss, rel=1e-5)
