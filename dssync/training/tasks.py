@@ -101,31 +101,20 @@ def _digits(seed: int, model_mb: float) -> Task:
 def _digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The digits' train and test arrays. Splitting them takes scikit-learn, which costs a
     second of import in every rank; the split is computed once per scikit-learn version and
-    kept in ``$DSSYNC_CACHE`` (default ``~/.cache/dssync``) as plain arrays."""
+    kept in ``$DSSYNC_CACHE`` (``_cached``)."""
     from importlib.metadata import version
 
-    cache = cache_root()
-    path = cache / f"digits-split-sklearn{version('scikit-learn')}.npz"
-    with contextlib.suppress(OSError, KeyError, ValueError, zipfile.BadZipFile):
-        with np.load(path) as kept:  # allow_pickle stays False: arrays only
-            return kept["xtr"], kept["xte"], kept["ytr"], kept["yte"]
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    def build() -> dict[str, np.ndarray]:
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
 
-    x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype(np.float32)
-    xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.25, random_state=0, stratify=y)
-    with contextlib.suppress(OSError):  # a cache that cannot be written only costs time
-        cache.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache, suffix=".npz")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, xtr=xtr, xte=xte, ytr=ytr, yte=yte)
-            os.replace(tmp, path)  # whole or absent: ranks may read it while another writes
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-    return xtr, xte, ytr, yte
+        x, y = load_digits(return_X_y=True)
+        xtr, xte, ytr, yte = train_test_split((x / 16.0).astype(np.float32), y, test_size=0.25, random_state=0,
+                                              stratify=y)
+        return {"xtr": xtr, "xte": xte, "ytr": ytr, "yte": yte}
+
+    kept = _cached(f"digits-split-sklearn{version('scikit-learn')}", build)
+    return kept["xtr"], kept["xte"], kept["ytr"], kept["yte"]
 
 
 def _synthetic(seed: int, model_mb: float) -> Task:
@@ -225,7 +214,8 @@ def _cached(name: str, build: Callable[[], dict[str, np.ndarray]]) -> dict[str, 
     """The arrays ``build`` returns, kept in ``$DSSYNC_CACHE/NAME.npz`` (uncompressed) after the
     first call: every rank of every job builds the same task, and unpickling or encoding the
     raw data costs seconds of CPU per rank where reading the arrays back costs a fraction of
-    one. ``name`` must change whenever what ``build`` returns would."""
+    one. ``name`` must change whenever what ``build`` returns would. ``$DSSYNC_CACHE`` defaults
+    to ``~/.cache/dssync``."""
     path = cache_root() / f"{name}.npz"
     with contextlib.suppress(OSError, KeyError, ValueError, zipfile.BadZipFile):
         with np.load(path) as kept:  # allow_pickle stays False: arrays only
