@@ -55,3 +55,13 @@ def test_a_bench_is_credited_to_the_code_it_started_with(tmp_path, monkeypatch):
 
     assert _outputs_checked(bench)(argparse.Namespace(json=str(out), markdown=None)) == 0
     assert json.loads(out.read_text())[0]["provenance"]["commit"] == "a" * 40
+
+
+def test_a_resumed_measurement_says_which_runs_older_code_measured(tmp_path):
+    md = tmp_path / "r.md"
+    now = {"commit": "c" * 40, "command": "dssync bench compare --resume", "date": "2026-01-02T00:00:00+00:00",
+           "cores": 2}
+    records = [{"strategy": "ddp", "provenance": {"commit": "a" * 40}}, {"strategy": "ddp"}, {"strategy": "gossip"}]
+    _report("t", records, argparse.Namespace(json=None, markdown=str(md), provenance=now))
+    first = md.read_text().splitlines()[0]
+    assert first.startswith("Measured at commit cccccccccccc") and "(runs by commit: aaaaaaaaaaaa 1, cccccccccccc 2)" in first

@@ -41,13 +41,20 @@ def _report(table: str, records: object, args: argparse.Namespace) -> None:
     record of a list, or in the one record, and the markdown's first line. The provenance is
     the one taken when the bench started (``_outputs_checked``), so that a commit made while
     a long bench ran is not credited with its figures."""
+    from collections import Counter
     from pathlib import Path
 
     from dssync.bench.provenance import markdown_line, provenance, stamp
 
     prov = getattr(args, "provenance", None) or provenance()
     print(table)
+    stamped = stamp(records, prov)
     if args.json:
-        write_json(args.json, stamp(records, prov))
+        write_json(args.json, stamped)
     if args.markdown:
-        Path(args.markdown).write_text(markdown_line(prov) + "\n\n" + table + "\n")
+        head = markdown_line(prov)
+        if isinstance(stamped, list):  # a resumed measurement: say which runs older code measured
+            commits = Counter((r["provenance"].get("commit") or "unknown")[:12] for r in stamped if isinstance(r, dict))
+            if len(commits) > 1:
+                head += " (runs by commit: " + ", ".join(f"{c} {n}" for c, n in commits.items()) + ")"
+        Path(args.markdown).write_text(head + "\n\n" + table + "\n")
