@@ -12,4 +12,4 @@ test -f "$out/tuned-mnist-wide.json" || { echo "run bench/sweep_mnist_wide.sh fi
 "$dssync" bench compare --scenario static,inter-rack,inter-rack+nic --repeats 5 --task mnist-wide --steps 600 \
   --strategies ddp,allreduce,hierarchical,torch-hier,diloco,local-sgd,gossip,asp,ds-sync \
   --tuned "$out/tuned-mnist-wide.json" --resume \
-  --json "$out/compare.json" --markdown "$out/compare.md" --plot "$out/compare.png"
+  --json "$out/compare-mnist-wide.json" --markdown "$out/compare-mnist-wide.md" --plot "$out/compare-mnist-wide.png"

@@ -205,6 +205,9 @@ def _previous(args: argparse.Namespace) -> list[dict]:
     for r in records:
         if "error" in r:
             continue
+        if not isinstance(r.get("provenance"), dict):
+            raise ValueError(f"--resume: {path} holds runs without provenance (written before records carried "
+                             "their commit); write this comparison to another file")
         if (r.get("task"), r.get("steps")) != (args.task, args.steps):
             raise ValueError(f"--resume: {path} holds a run of task {r.get('task')} for {r.get('steps')} steps; "
                              f"this comparison is {args.task} for {args.steps}")
