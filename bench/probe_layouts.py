@@ -21,6 +21,7 @@ Only layouts whose answer a throughput probe can tell are drawn, and the rules s
 from __future__ import annotations
 
 import random
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -247,7 +248,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
                                              for r in rows),
         "flag_precision": tp / reported if reported else 1.0,
         "flag_recall": tp / true if true else 1.0,
-        "probe_seconds_median": sorted(seconds)[len(seconds) // 2],
+        "probe_seconds_median": statistics.median(seconds),
         "probe_seconds_max": max(seconds),
     }
 
