@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prober on the three DESIGN scenarios (8 workers), RUNS runs each (default 2): writes
+# The prober on the three named scenarios, static, inter-rack and inter-rack+nic (8 workers), RUNS runs each (default 2): writes
 # bench/results/probe-scenarios.txt, one line a run, each from a fresh cluster. Needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,7 +9,7 @@ name=pscn
 tmp=$(mktemp -d)
 trap 'dssync emulate down --name "$name" >/dev/null 2>&1 || true; rm -rf "$tmp"' EXIT
 {
-    echo "# dssync probe on the three DESIGN scenarios, 8 workers, $runs runs each (commit $(git rev-parse --short HEAD)), $(date -u +%F)"
+    echo "# dssync probe on the three named scenarios, 8 workers, $runs runs each (commit $(git rev-parse --short HEAD)), $(date -u +%F)"
     echo "# per run: dssync emulate up --scenario S; dssync emulate run -- dssync probe --out topology.json; dssync emulate down"
     echo "# scenario run probe_seconds racks slow_uplinks slow_nics confident phase_seconds"
 } > "$out"

@@ -313,8 +313,8 @@ def _clocked(rounds: Sequence[Any], iterations: int, n: int, finish: Any) -> np.
 
 
 def iteration_times(net: Network, strategy: str, size_bytes: float, iterations: int) -> np.ndarray:
-    """Communication seconds of each of ``iterations`` iterations of ``strategy``: DESIGN
-    section 7's figure, the longest any rank spent (``rank_times``)."""
+    """Communication seconds of each of ``iterations`` iterations of ``strategy``: the
+    max-rank figure, the longest any rank spent (``rank_times``)."""
     return rank_times(net, strategy, size_bytes, iterations).max(axis=1)
 
 

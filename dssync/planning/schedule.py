@@ -51,7 +51,7 @@ SCHEDULE_VERSION = 1
 #: The version-2 file lists the blocks once and each round's named groups.
 COMPACT_VERSION = 2
 #: Schedules of up to this many rank entries (rounds x ranks) are written as version 1, so
-#: every file a reader of DESIGN's contract could read before stays that form; larger ones
+#: every file a reader of the version-1 contract could read before stays that form; larger ones
 #: (which could not be written before) as version 2.
 EXPLICIT_MAX = 1 << 20
 # rho is a spectral quantity computed in floating point; "mixes" means clearly below one.

@@ -31,7 +31,7 @@ def test_every_baseline_trains_digits_well_above_chance(strategy):
     record = train(TrainConfig(strategy=strategy, task="digits", steps=100, seed=0, eval_every=50), nproc=4)
     assert record["final_accuracy"] > 0.7  # chance is 0.1; 100 steps reach 0.84-0.95
     assert len(record["comm_ms_samples"]) == 100
-    # The per-iteration figure is the maximum over the ranks' own raw samples (DESIGN 7).
+    # The per-iteration figure is the maximum over the ranks' own raw samples.
     assert len(record["comm_ms_by_rank"]) == 4
     assert record["comm_ms_samples"] == pytest.approx([max(s) for s in zip(*record["comm_ms_by_rank"], strict=True)], abs=1e-3)
 
