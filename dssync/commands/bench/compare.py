@@ -151,12 +151,13 @@ def run_compare(args: argparse.Namespace) -> int:
 
     prov, done = getattr(args, "provenance", None) or provenance(), []
     previous = _previous(args) if args.resume else []
+    kept = {id(r) for r in previous}
 
     def report(r: dict) -> None:
         done.append(r)
         if args.json:  # the runs so far, rewritten after each: an interrupted comparison keeps them
             write_json(args.json, stamp(done, prov))
-        head = f"{r['scenario']} {r['strategy']} seed {r['repeat']}{' (kept)' if r in previous else ''}: "
+        head = f"{r['scenario']} {r['strategy']} seed {r['repeat']}{' (kept)' if id(r) in kept else ''}: "
         if "error" in r:
             console.print(head + f"FAILED: {r['error']}", markup=False, highlight=False)
             return
