@@ -34,7 +34,7 @@ from dssync.launch import emulate
 from dssync.training.loop import comm_warmup, first_at_target, per_rank_comm_ms
 
 __all__ = ["compare", "loss_rows", "loss_table", "markdown_table", "median_with_misses", "parse_variant", "plot",
-           "seed_rows", "seed_table", "split_settings", "summarize"]
+           "seed_rows", "seed_table", "split_settings", "summarize", "time_to"]
 
 
 def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = "digits", steps: int = 300,
@@ -156,7 +156,9 @@ def split_settings(settings: Sequence[str]) -> tuple[list[str], list[str]]:
     return sets, own
 
 
-def _time_to(curve: list[dict[str, Any]], target: float) -> tuple[float | None, int | None]:
+def time_to(curve: list[dict[str, Any]], target: float) -> tuple[float | None, int | None]:
+    """Wall seconds and iteration of the first evaluation of ``curve`` that reaches ``target``,
+    or ``(None, None)``."""
     point = first_at_target(curve, target)
     return (None, None) if point is None else (point["wall_s"], int(point["step"]))
 
@@ -252,7 +254,7 @@ def summarize(records: Sequence[dict[str, Any]], reference: str | None = "ddp") 
         for strategy in dict.fromkeys(r["strategy"] for r in runs):
             mine = [r for r in runs if r["strategy"] == strategy]
             lost = sum(1 for f in failed if (f["scenario"], f["strategy"]) == (scenario, strategy))
-            reached = [_time_to(r["curve"], target) if target is not None else (None, None) for r in mine]
+            reached = [time_to(r["curve"], target) if target is not None else (None, None) for r in mine]
             reached += [(None, None)] * lost
             rows.append({
                 "scenario": scenario, "strategy": strategy, "repeats": len(reached),

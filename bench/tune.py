@@ -30,7 +30,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from dssync.bench.compare import _time_to, median_with_misses, parse_variant, summarize
+from dssync.bench.compare import median_with_misses, parse_variant, summarize, time_to
 
 __all__ = ["RULE", "apply_tuned", "choose", "markdown_table"]
 
@@ -44,7 +44,7 @@ RULE = ("per peer, the setting with the lowest geometric mean over scenarios of 
 def _time(runs: Sequence[dict[str, Any]], target: float) -> float | None:
     """The median over ``runs`` of the time to ``target``, a run that never gets there (or failed)
     counting as never."""
-    return median_with_misses([None if "error" in r else _time_to(r["curve"], target)[0] for r in runs])
+    return median_with_misses([None if "error" in r else time_to(r["curve"], target)[0] for r in runs])
 
 
 def _score(mine: dict[str, list[dict[str, Any]]], ref: dict[str, list[dict[str, Any]]],
