@@ -35,6 +35,21 @@ def _eval_and_warmup(args: argparse.Namespace) -> tuple[int, int]:
     return eval_every, args.warmup_steps if args.warmup_steps is not None else args.steps // 20
 
 
+def _read_records(path: str, what: str) -> list[dict]:
+    """The records of a ``bench compare --json`` file, or ``ValueError`` naming ``what`` it was
+    read for and why it cannot be."""
+    import json
+    from pathlib import Path
+
+    try:
+        records = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{what}: cannot read {path}: {exc}") from None
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise ValueError(f"{what}: {path} is not a list of bench compare records")
+    return records
+
+
 def _report(table: str, records: object, args: argparse.Namespace) -> None:
     """Print the markdown table; write the records (--json) and the table (--markdown), each
     stamped with its provenance (``dssync.bench.provenance``): a ``provenance`` key in every

@@ -15,6 +15,7 @@ from dssync.commands.bench._shared import (
     COMPARE_STRATEGIES,
     _eval_and_warmup,
     _outputs_checked,
+    _read_records,
     _report,
 )
 from dssync.training.loop import LR_SCHEDULES, OPTIMIZERS
@@ -189,7 +190,6 @@ def run_compare(args: argparse.Namespace) -> int:
 def _previous(args: argparse.Namespace) -> list[dict]:
     """The records of ``--json`` that ``--resume`` keeps; none if the file is not there yet. A
     record of another task or run length refuses the resumption."""
-    import json
     from pathlib import Path
 
     if not args.json:
@@ -197,12 +197,7 @@ def _previous(args: argparse.Namespace) -> list[dict]:
     path = Path(args.json)
     if not path.exists():
         return []
-    try:
-        records = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"--resume: cannot read {path}: {exc}") from None
-    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
-        raise ValueError(f"--resume: {path} is not a list of bench compare records")
+    records = _read_records(args.json, "--resume")
     for r in records:
         if "error" in r:
             continue

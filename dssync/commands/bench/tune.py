@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from dssync.commands.bench._shared import _outputs_checked, _report
+from dssync.commands.bench._shared import _outputs_checked, _read_records, _report
 
 __all__ = ["add_parser", "run_tune"]
 
@@ -27,20 +27,9 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
 
 
 def run_tune(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
-
     from dssync.bench.tune import choose, markdown_table
 
-    records = []
-    for path in args.sweep:
-        try:
-            part = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"cannot read the sweep {path}: {exc}") from None
-        if not isinstance(part, list) or not all(isinstance(r, dict) for r in part):
-            raise ValueError(f"{path} is not a list of bench compare records")
-        records += part
+    records = [r for path in args.sweep for r in _read_records(path, "the sweep")]
     record = choose(records, reference=args.reference)
     table = markdown_table(record) + "\n\nChosen: " + ", ".join(record["chosen"].values())
     _report(table, record, args)
