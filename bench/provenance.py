@@ -18,8 +18,11 @@ from typing import Any
 __all__ = ["markdown_line", "provenance", "stamp"]
 
 
+_HERE = Path(__file__).resolve().parent
+
+
 def _git(*args: str) -> str | None:
-    here = Path(__file__).resolve().parent
+    here = _HERE
     try:
         out = subprocess.run(["git", "-C", str(here), *args], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
@@ -29,13 +32,15 @@ def _git(*args: str) -> str | None:
 
 def provenance(argv: list[str] | None = None) -> dict[str, Any]:
     """The commit of the installed checkout (``None`` outside one; ``dirty`` when files it
-    tracks differ from it), the command as typed (``dssync`` and its arguments), the UTC date,
+    tracks, outside ``bench/results/``, differ from it), the command as typed (``dssync`` and its arguments), the UTC date,
     and the machine's cores (those this process may run on) and Python."""
     from importlib.metadata import PackageNotFoundError, version
 
     argv = sys.argv[1:] if argv is None else argv
     commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    # The records a bench run writes (bench/results/) are its output, not the code it measured.
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", ":(top)",
+                  ":(top,exclude)bench/results") if commit else None
     try:
         dssync_version = version("dssync")
     except PackageNotFoundError:

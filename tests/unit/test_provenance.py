@@ -65,3 +65,23 @@ def test_a_resumed_measurement_says_which_runs_older_code_measured(tmp_path):
     _report("t", records, argparse.Namespace(json=None, markdown=str(md), provenance=now))
     first = md.read_text().splitlines()[0]
     assert first.startswith("Measured at commit cccccccccccc") and "(runs by commit: aaaaaaaaaaaa 1, cccccccccccc 2)" in first
+
+
+def test_records_being_written_do_not_make_the_code_dirty(tmp_path, monkeypatch):
+    import dssync.bench.provenance as provenance_module
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "bench" / "results" / "r.json").write_text("[]")
+    (tmp_path / "bench" / "loop.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "add", ".")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "records and code")
+    monkeypatch.setattr(provenance_module, "_HERE", tmp_path / "bench")
+    assert provenance_module.provenance([])["dirty"] is False
+    (tmp_path / "bench" / "results" / "r.json").write_text("[1]")  # a bench rewriting its record
+    assert provenance_module.provenance([])["dirty"] is False
+    (tmp_path / "bench" / "loop.py").write_text("x = 2\n")  # the measured code changed
+    assert provenance_module.provenance([])["dirty"] is True
