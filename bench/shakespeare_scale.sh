@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dssync=${DSSYNC:-.venv/bin/dssync}
 out=bench/results
-for scale in ${SCALES:-1 0.1 0.05 0.025}; do
+for scale in ${SCALES:-1 0.1 0.05}; do
   "$dssync" bench compare --scenario static,inter-rack --seeds 100 --task shakespeare --steps 100 --no-stop \
     --optimizer adamw --lr 0.01 --weight-decay 0.1 --rate-scale "$scale" --strategies ddp,ds-sync \
     --json "$out/shakespeare-scale-$scale.json" --markdown "$out/shakespeare-scale-$scale.md"
