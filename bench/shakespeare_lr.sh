@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 dssync=${DSSYNC:-.venv/bin/dssync}
 out=bench/results
 strategies=""
-for lr in ${LRS:-0.003 0.01 0.02 0.04}; do strategies+="${strategies:+,}ddp:--lr=$lr"; done
+for lr in ${LRS:-0.003 0.01 0.02 0.04 0.08}; do strategies+="${strategies:+,}ddp:--lr=$lr"; done
 "$dssync" bench compare --scenario static --seeds 100,101 --task shakespeare --steps 600 --no-stop \
   --optimizer adamw --weight-decay 0.1 --strategies "$strategies" --resume \
   --json "$out/shakespeare-lr.json" --markdown "$out/shakespeare-lr.md"
