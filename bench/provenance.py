@@ -22,9 +22,8 @@ _HERE = Path(__file__).resolve().parent
 
 
 def _git(*args: str) -> str | None:
-    here = _HERE
     try:
-        out = subprocess.run(["git", "-C", str(here), *args], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", "-C", str(_HERE), *args], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -32,8 +31,8 @@ def _git(*args: str) -> str | None:
 
 def provenance(argv: list[str] | None = None) -> dict[str, Any]:
     """The commit of the installed checkout (``None`` outside one; ``dirty`` when files it
-    tracks, outside ``bench/results/``, differ from it), the command as typed (``dssync`` and its arguments), the UTC date,
-    and the machine's cores (those this process may run on) and Python."""
+    tracks, outside ``bench/results/``, differ from it), the command as typed (``dssync`` and
+    its arguments), the UTC date, and the machine's cores (those this process may run on) and Python."""
     from importlib.metadata import PackageNotFoundError, version
 
     argv = sys.argv[1:] if argv is None else argv
