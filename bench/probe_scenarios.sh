@@ -9,7 +9,8 @@ name=pscn
 tmp=$(mktemp -d)
 trap 'dssync emulate down --name "$name" >/dev/null 2>&1 || true; rm -rf "$tmp"' EXIT
 {
-    echo "# dssync probe on the three named scenarios, 8 workers, $runs runs each (commit $(git rev-parse --short HEAD)), $(date -u +%F)"
+    echo "# dssync probe on the three named scenarios, 8 workers, $runs runs each; commit $(git rev-parse --short HEAD), $(date -u +%FT%TZ), $(nproc) cores"
+    echo "# command: RUNS=$runs bash bench/probe_scenarios.sh"
     echo "# per run: dssync emulate up --scenario S; dssync emulate run -- dssync probe --out topology.json; dssync emulate down"
     echo "# scenario run probe_seconds racks slow_uplinks slow_nics confident phase_seconds"
 } > "$out"

@@ -1,18 +1,14 @@
 #!/usr/bin/env bash
 # Re-measure every record that bench/README.md's protocol sections cite, beside the headline
-# comparison: the 10-seed accuracy spread on static, ds-sync's ensembles, SpecSync and PSP,
-# Sync-Switch. Each command is the one its section shows; each record carries its provenance.
-# ONLY=name1,name2 runs a subset (names: seed-spread ensemble specsync-psp psp sync-switch
-# sync-switch-episodes specsync). About two hours on 2 cores in all.
+# comparison: ds-sync's ensembles, SpecSync and PSP, Sync-Switch. Each command is the one its
+# section shows; each record carries its provenance.
+# ONLY=name1,name2 runs a subset (names: ensemble specsync-psp psp sync-switch
+# sync-switch-episodes specsync). About an hour and a half on 2 cores in all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dssync=${DSSYNC:-.venv/bin/dssync}
 r=bench/results
 want() { [[ -z "${ONLY:-}" || ",$ONLY," == *",$1,"* ]]; }
-if want seed-spread; then
-  "$dssync" bench compare --scenario static --strategies ddp,allreduce,ds-sync --repeats 10 --no-stop \
-    --json $r/seed-spread-static.json --markdown $r/seed-spread-static.md
-fi
 if want ensemble; then
   "$dssync" bench ensemble --task mnist-wide --json $r/ensemble-mnist-wide.json --markdown $r/ensemble-mnist-wide.md
   "$dssync" bench ensemble --task digits --steps 300 --lr 0.05 --lr-schedule constant --warmup-steps 0 \
