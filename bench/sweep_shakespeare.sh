@@ -15,8 +15,8 @@ source bench/shakespeare.env   # LR, SCALE: chosen by bench/shakespeare_lr.sh an
 strategies=ddp
 for p in 2 4 8; do strategies+=",local-sgd:period=$p"; done
 for pair in 1:4 1:8 2:8; do strategies+=",torch-hier:rack_period=${pair%:*}:world_period=${pair#*:}"; done
-for h in 4 8 16; do
-  for outer in 0.7:0.9 1.0:0.0; do
+for h in 4 8 16 32; do
+  for outer in 0.7:0.9 1.0:0.0 0.4:0.9; do
     strategies+=",diloco:inner_steps=$h:outer_lr=${outer%:*}:outer_momentum=${outer#*:}"
   done
 done
