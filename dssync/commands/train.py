@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from typing import Any
 
@@ -172,9 +173,31 @@ def run(args: argparse.Namespace) -> int:
     if record is None:  # a non-zero rank under a launcher
         return 0
     if args.json:
-        write_json(args.json, stamp(record))
+        write_json(args.json, stamp(finite_record(record)))
     summary = {k: record[k] for k in ("strategy", "task", "world_size", "resumed_from", "steps_run", "final_accuracy",
                                       "best_accuracy", "wall_s", "per_rank_comm_ms_per_iter",
                                       "comm_ms_per_iter", "time_to_target_s")}
     print(json.dumps(summary))
     return 0
+
+
+def finite_record(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` as strict JSON can hold it: a run whose model diverged evaluates to a NaN or
+    infinite loss, which becomes ``null``, and the record says ``"diverged": true`` (its
+    accuracies stay, so a comparison still ranks it) instead of the whole record being lost."""
+    bad = False
+
+    def clean(value: Any) -> Any:
+        nonlocal bad
+        if isinstance(value, float) and not math.isfinite(value):
+            bad = True
+            return None
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [clean(v) for v in value]
+        return value
+    out = clean(record)
+    if bad:
+        out["diverged"] = True
+    return out
