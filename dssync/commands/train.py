@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 from typing import Any
 
@@ -185,19 +184,8 @@ def finite_record(record: dict[str, Any]) -> dict[str, Any]:
     """``record`` as strict JSON can hold it: a run whose model diverged evaluates to a NaN or
     infinite loss, which becomes ``null``, and the record says ``"diverged": true`` (its
     accuracies stay, so a comparison still ranks it) instead of the whole record being lost."""
-    bad = False
-
-    def clean(value: Any) -> Any:
-        nonlocal bad
-        if isinstance(value, float) and not math.isfinite(value):
-            bad = True
-            return None
-        if isinstance(value, dict):
-            return {k: clean(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [clean(v) for v in value]
-        return value
-    out = clean(record)
+    bad: list[str] = []  # json's own parser names every NaN and Infinity it meets; each becomes None
+    out = json.loads(json.dumps(record), parse_constant=lambda c: bad.append(c))
     if bad:
         out["diverged"] = True
     return out
