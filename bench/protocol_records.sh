@@ -22,13 +22,14 @@ if want specsync-psp; then
 fi
 if want psp; then
   "$dssync" bench compare --scenario static --task digits --steps 60 --eval-every 20 --repeats 1 \
+    --reference "psp:delay_prob=0.026:delay_s=4" --no-stop \
     --strategies "psp:delay_prob=0.026:delay_s=4,psp:push_quorum=7:pull_fraction=0.875:delay_prob=0.026:delay_s=4,psp:push_quorum=5:pull_fraction=0.75:delay_prob=0.026:delay_s=4" \
     --json $r/psp.json --markdown $r/psp.md
 fi
 if want sync-switch; then
   "$dssync" tune sync-switch --task digits --steps 150 --nproc 8 --settings 3 --out $r/sync-switch-policy.json
   "$dssync" bench compare --scenario static --task digits --steps 150 --eval-every 10 --repeats 1 --cpu 0:0.1 1:0.1 \
-    --strategies "allreduce,asp,sync-switch:switch_at=$(.venv/bin/python -c "import json; print(json.load(open('$r/sync-switch-policy.json'))['switch_at'])"),sync-switch:switch_at=1" \
+    --reference allreduce --no-stop --strategies "allreduce,asp,sync-switch:switch_at=$(.venv/bin/python -c "import json; print(json.load(open('$r/sync-switch-policy.json'))['switch_at'])"),sync-switch:switch_at=1" \
     --json $r/sync-switch.json --markdown $r/sync-switch.md
 fi
 if want sync-switch-episodes; then
@@ -41,7 +42,7 @@ if want specsync; then
   for v in "120 1:0.1 0.02 0.5 specsync" "150 1:0.1 0.05 0.4 specsync-lr0.05" "150 1:0.2 0.02 0.4 specsync-lr0.02-cpu0.2"; do
     read -r steps cpu lr loss name <<< "$v"
     "$dssync" bench compare --scenario static --task mnist-cnn --steps "$steps" --eval-every 10 --repeats 3 --cpu "$cpu" \
-      --lr "$lr" --strategies asp,specsync --target-loss "$loss" \
+      --lr "$lr" --reference asp --no-stop --strategies asp,specsync --target-loss "$loss" \
       --json "$r/$name.json" --markdown "$r/$name.md" --plot "$r/$name.png"
   done
 fi
