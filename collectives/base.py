@@ -28,8 +28,8 @@ class Work(Protocol):
         """Block until the op is done; raise ``CommunicationError`` on failure or timeout."""
 
 
-def poll_until(done: Callable[[], bool], describe: str, timeout_s: float) -> None:
-    """Call ``done()`` until it is true, backing off from 20 µs to 0.5 ms between calls;
+def poll_until(done: Callable[[], bool], describe: str, timeout_s: float, *, max_delay_s: float = 5e-4) -> None:
+    """Call ``done()`` until it is true, backing off from 20 µs to ``max_delay_s`` between calls;
     past ``timeout_s`` raise ``CommunicationError`` with ``describe``. For libraries whose
     own waits have no deadline (MPI requests, Horovod handles)."""
     deadline = time.monotonic() + timeout_s
@@ -37,7 +37,7 @@ def poll_until(done: Callable[[], bool], describe: str, timeout_s: float) -> Non
     while not done():
         if time.monotonic() > deadline:
             raise CommunicationError(f"{describe} timed out after {timeout_s:.0f} s")
-        delay = min(5e-4, max(2e-5, delay * 1.5))
+        delay = min(max_delay_s, max(2e-5, delay * 1.5))
         time.sleep(delay)
 
 
@@ -76,6 +76,28 @@ class Communicator(ABC):
     @abstractmethod
     def sendrecv_(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None:
         """Send ``send`` to world rank ``dst`` while receiving ``recv`` from ``src`` (point to point)."""
+
+    @abstractmethod
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Work:
+        """Start sending ``tensor`` to world rank ``dst``; ``wait()`` until it may be reused.
+
+        Messages from one rank to another on one ``tag`` arrive in the order they were sent,
+        whatever else is in flight; tags keep independent streams between the same two ranks
+        apart. ``wait()`` raises ``CommunicationError`` naming both ranks past the timeout.
+        """
+
+    @abstractmethod
+    def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Work:
+        """Start receiving the next message from world rank ``src`` on ``tag`` into ``tensor``
+        (a message shorter than ``tensor`` fills its front); ``wait()`` until it is there."""
+
+    def _describe_p2p(self, op: str, peer: int, tag: int) -> str:
+        return f"rank {self.rank}: {op} rank {peer} (tag {tag}, timeout {self.timeout_s:.0f} s)"
+
+    def _check_peer(self, peer: int) -> None:
+        if not 0 <= peer < self.world_size or peer == self.rank:
+            raise CommunicationError(f"rank {self.rank}: no point-to-point message with rank {peer} "
+                                     f"in a world of {self.world_size}")
 
     @abstractmethod
     def allgather_object(self, obj: Any) -> list[Any]:

@@ -36,7 +36,8 @@ class FakeWorld:
         self.calls: list[tuple[int, str, Group, int]] = []  # (rank, op, group, numel)
         self._cond = threading.Condition()
         self._slots: dict[tuple[str, Group, int], _Slot] = {}
-        self._mail: dict[tuple[int, int], list[torch.Tensor]] = defaultdict(list)
+        self._mail: dict[tuple[int, ...], list[torch.Tensor]] = defaultdict(list)
+        self._posted: dict[tuple[int, ...], int] = defaultdict(int)
 
     def communicator(self, rank: int) -> FakeCommunicator:
         return FakeCommunicator(self, rank)
@@ -93,6 +94,11 @@ class FakeWorld:
             return slot.result
 
 
+class _Done:  # completes eagerly; the handle is already done
+    def wait(self) -> None:
+        return None
+
+
 class FakeCommunicator(Communicator):
     def __init__(self, world: FakeWorld, rank: int) -> None:
         self.world = world
@@ -124,10 +130,6 @@ class FakeCommunicator(Communicator):
         if average:
             tensor.mul_(1.0 / (self.world_size if group is None else len(group)))
 
-        class _Done:  # completes eagerly; the handle is already done
-            def wait(self) -> None:
-                return None
-
         return _Done()
 
     def broadcast_(self, tensor: torch.Tensor, src: int = 0, group: Group | None = None) -> None:
@@ -144,6 +146,31 @@ class FakeCommunicator(Communicator):
         with self.world._cond:
             self.world.calls.append((self.rank, f"send{dst}", (self.rank, dst), send.numel()))
         recv.copy_(self.world._exchange(self.rank, dst, src, send.detach().clone()))
+
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Any:
+        self._check_peer(dst)
+        with self.world._cond:
+            self.world.calls.append((self.rank, f"send{dst}", (self.rank, dst), tensor.numel()))
+            self.world._mail[(self.rank, dst, tag)].append(tensor.detach().clone())
+            self.world._cond.notify_all()
+        return _Done()
+
+    def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Any:
+        self._check_peer(src)
+        world, key, describe = self.world, (src, self.rank, tag), self._describe_p2p("receive from", src, tag)
+        with world._cond:  # the k-th receive posted takes the k-th message sent, whenever waited on
+            index = world._posted[key]
+            world._posted[key] += 1
+
+        class _Recv:
+            def wait(self) -> None:
+                with world._cond:
+                    if not world._cond.wait_for(lambda: len(world._mail[key]) > index, timeout=world.timeout_s):
+                        raise CommunicationError(f"{describe} timed out")
+                    message = world._mail[key][index]
+                tensor.view(-1)[: message.numel()].copy_(message.view(-1))
+
+        return _Recv()
 
     def allgather_object(self, obj: Any) -> list[Any]:
         return list(self._run("allgather", None, obj, lambda xs: list(xs)))

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from dssync.collectives.base import Communicator, Group, poll_until
+from dssync.collectives.sockets import SocketMesh
 from dssync.errors import CommunicationError, DssyncError
 
 __all__ = ["HorovodCommunicator", "import_horovod"]
@@ -72,6 +73,10 @@ class HorovodCommunicator(Communicator):
         self.timeout_s = timeout_s
         self._sets: dict[Group, Any] = {}
         self._seq: dict[tuple[str, Group | None], int] = defaultdict(int)
+        # Horovod has collectives only; point-to-point messages go over TCP between the
+        # ranks, on the interface Horovod's own gloo uses (built here: every rank constructs
+        # its communicator at the same point, so the address exchange is collective)
+        self._mesh = SocketMesh(self.rank, self.world_size, self.allgather_object, timeout_s)
 
     def _set(self, group: Group | None) -> Any:
         if group is None or len(group) == self.world_size:
@@ -141,6 +146,14 @@ class HorovodCommunicator(Communicator):
             raise CommunicationError(f"{describe}: received {out.numel()} elements, expected {recv.numel()} "
                                      f"from rank {src} only; every rank must call sendrecv_ in the same step")
         recv.copy_(out.view_as(recv))
+
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Any:
+        self._check_peer(dst)
+        return self._mesh.isend(tensor, dst, tag, self._describe_p2p("send to", dst, tag))
+
+    def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Any:
+        self._check_peer(src)
+        return self._mesh.irecv(tensor, src, tag, self._describe_p2p("receive from", src, tag))
 
     def allgather_object(self, obj: Any) -> list[Any]:
         describe = self._describe("allgather", None)

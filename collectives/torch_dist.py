@@ -150,6 +150,20 @@ class TorchCommunicator(Communicator):
         for work in works:
             _TorchWork(work, describe, self.timeout_s).wait()
 
+    def _p2p(self, op: Any, verb: str, tensor: torch.Tensor, peer: int, tag: int) -> _TorchWork:
+        self._check_peer(peer)
+        describe = self._describe_p2p(verb, peer, tag)
+        try:
+            return _TorchWork(op(tensor, peer, tag=tag), describe, self.timeout_s)
+        except RuntimeError as exc:
+            raise CommunicationError(f"{describe} failed: {_first_line(exc)}") from None
+
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> _TorchWork:
+        return self._p2p(dist.isend, "send to", tensor, dst, tag)
+
+    def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> _TorchWork:
+        return self._p2p(dist.irecv, "receive from", tensor, src, tag)
+
     def allgather_object(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self.world_size
         try:

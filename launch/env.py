@@ -28,6 +28,14 @@ class LaunchEnv:
     init_method: str | None
     """``env://`` when ``MASTER_ADDR``/``MASTER_PORT`` are set, else ``None``."""
 
+    def library(self) -> str:
+        """The collective library this launch gives a rendezvous for, for commands that work
+        on any (``dssync probe``): ``torch`` when ``MASTER_ADDR``/``MASTER_PORT`` are set, else
+        the launcher's own (mpirun, mpiexec: ``mpi``; horovodrun: ``horovod``)."""
+        if self.init_method is not None:
+            return "torch"
+        return {"horovodrun": "horovod", "mpirun": "mpi", "mpich": "mpi"}.get(self.launcher, "torch")
+
     def torch_init_method(self) -> str:
         """Where ``torch.distributed`` meets; an error when the launcher gave no rendezvous."""
         if self.init_method is None:

@@ -7,23 +7,21 @@ many at once), and the ``iperf3`` server and client.
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import shutil
 import subprocess
 import time
 from collections import deque
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from dssync.collectives.base import Communicator
+from dssync.collectives.sockets import interface_address
 from dssync.errors import BackendUnavailableError, CommunicationError
 
 _TAG = 0x5D5  # probe messages on their own tag, apart from any other send/recv on the world
@@ -58,10 +56,12 @@ class ProbeConfig:
 
 
 class _Link:
-    """Blocking send/recv with the probe's timeout; failures name this rank, the peer and the step."""
+    """The probe's point-to-point messages over the job's ``Communicator`` (gloo, MPI or
+    Horovod's TCP side channel), on the probe's own tag; every wait is bounded by the
+    communicator's timeout, and a failure names this rank, the peer and the step."""
 
-    def __init__(self, rank: int, timeout_s: float) -> None:
-        self.rank, self.timeout = rank, datetime.timedelta(seconds=timeout_s)
+    def __init__(self, comm: Communicator) -> None:
+        self.comm, self.rank = comm, comm.rank
 
     def wait(self, work: Any, peer: int, what: str) -> None:
         self._wait([(work, peer)], what)
@@ -69,27 +69,28 @@ class _Link:
     def _wait(self, works: list[tuple[Any, int]], what: str) -> None:
         for work, peer in works:
             try:
-                work.wait(timeout=self.timeout)
-            except RuntimeError as exc:
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                raise CommunicationError(
-                    f"rank {self.rank}: probe {what} with peer {peer} failed/timed out "
-                    f"(timeout {self.timeout.total_seconds():.0f} s): {first}"
-                ) from None
+                work.wait()
+            except CommunicationError as exc:
+                raise CommunicationError(f"rank {self.rank}: probe {what} with peer {peer} failed/timed out "
+                                         f"(timeout {self.comm.timeout_s:.0f} s): {_first_line(exc)}") from None
 
-    def start(self, op: Callable[..., Any], tensor: torch.Tensor, peer: int, what: str) -> Any:
+    def start(self, send: bool, tensor: torch.Tensor, peer: int, what: str) -> Any:
         try:
-            return op(tensor, peer, tag=_TAG)
-        except RuntimeError as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise CommunicationError(f"rank {self.rank}: probe {what} with peer {peer} failed: {first}") from None
+            return (self.comm.isend if send else self.comm.irecv)(tensor, peer, _TAG)
+        except CommunicationError as exc:
+            raise CommunicationError(f"rank {self.rank}: probe {what} with peer {peer} failed: "
+                                     f"{_first_line(exc)}") from None
 
     def send(self, tensor: torch.Tensor, peers: list[int], what: str) -> None:
-        self._wait([(self.start(dist.isend, tensor, p, what), p) for p in peers], what)
+        self._wait([(self.start(True, tensor, p, what), p) for p in peers], what)
 
     def recv(self, tensors: list[torch.Tensor], peers: list[int], what: str) -> None:
-        works = [(self.start(dist.irecv, t, p, what), p) for t, p in zip(tensors, peers, strict=True)]
+        works = [(self.start(False, t, p, what), p) for t, p in zip(tensors, peers, strict=True)]
         self._wait(works, what)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _ping_pong(link: _Link, peer: int, lead: bool, cfg: ProbeConfig, quantile: float = 0.0) -> float | None:
@@ -157,7 +158,7 @@ def _stream(link: _Link, peer: int, send: bool, cfg: ProbeConfig, payload: torch
 
     def post() -> None:
         link.send(payload, [peer], f"{what} send")
-        acks.append(link.start(dist.irecv, torch.zeros(1, dtype=torch.uint8), peer, f"{what} ack"))
+        acks.append(link.start(False, torch.zeros(1, dtype=torch.uint8), peer, f"{what} ack"))
 
     def acked() -> float:
         link.wait(acks.popleft(), peer, f"{what} ack")
@@ -235,28 +236,6 @@ class _Iperf3:
         except subprocess.TimeoutExpired:
             self.server.kill()
             self.server.wait()
-
-
-def interface_address(ifname: str) -> str:
-    """The first IPv4 address of ``ifname`` (``ip -j addr show dev IFNAME``)."""
-    try:
-        proc = subprocess.run(["ip", "-j", "addr", "show", "dev", ifname],
-                              capture_output=True, text=True, timeout=10)
-    except FileNotFoundError:
-        raise BackendUnavailableError(
-            "--backend iperf3 needs the ip program to find this rank's address; install iproute2"
-        ) from None
-    try:
-        for link in json.loads(proc.stdout or "[]"):
-            for info in link.get("addr_info", []):
-                if info.get("family") == "inet":
-                    return str(info["local"])
-    except (json.JSONDecodeError, AttributeError, KeyError):
-        pass
-    raise CommunicationError(
-        f"no IPv4 address on interface {ifname!r} (GLOO_SOCKET_IFNAME); set it to the interface "
-        f"the ranks talk over: {(proc.stderr.strip().splitlines() or ['no address'])[0]}"
-    )
 
 
 def _streams(link: _Link, rank: int, flows: list[tuple[int, int]], cfg: ProbeConfig,

@@ -78,7 +78,7 @@ from dssync.launch.spawn import run_ranks
 from dssync.probing import probe
 
 def rank(comm):
-    link = probe._Link(comm.rank, 30.0)
+    link = probe._Link(comm)
     cfg = probe.ProbeConfig()
     comm.barrier()
     return {"queued": probe._waits_on(comm, link, cfg, 2, 3), "clear": probe._waits_on(comm, link, cfg, 0, 1)}

@@ -66,6 +66,21 @@ def job(comm, out: str, backend: str) -> None:
     torch.testing.assert_close(recv, seeded((r - 1) % n))
     checks.append("sendrecv around the ring")
 
+    # Non-blocking point to point, both ways around the ring at once on two tags, the
+    # receives posted before the sends and waited in reverse (the probe's pattern).
+    right, left = (r + 1) % n, (r - 1) % n
+    into = [torch.empty(NUMEL) for _ in range(4)]
+    recvs = [comm.irecv(into[0], left, tag=1), comm.irecv(into[1], left, tag=1),
+             comm.irecv(into[2], right, tag=2), comm.irecv(into[3][:NUMEL // 2], right, tag=2)]
+    sends = [comm.isend(seeded(r), right, tag=1), comm.isend(seeded(r) * 2, right, tag=1),
+             comm.isend(seeded(r) + 1, left, tag=2), comm.isend(seeded(r)[: NUMEL // 2], left, tag=2)]
+    for w in [*reversed(recvs), *sends]:
+        w.wait()
+    wants = [seeded(left), seeded(left) * 2, seeded(right) + 1, seeded(right)[: NUMEL // 2]]
+    for got, want in zip(into, wants, strict=True):
+        torch.testing.assert_close(got[: want.numel()], want)
+    checks.append("isend/irecv both ways around the ring")
+
     got = comm.allgather_object({"rank": r, "text": "x" * r})
     assert got == [{"rank": q, "text": "x" * q} for q in range(n)], got
     checks.append("allgather_object")
