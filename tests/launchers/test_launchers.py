@@ -20,7 +20,7 @@ pytestmark = pytest.mark.launchers
 HERE = Path(__file__).parent
 BIN = Path(sys.executable).parent
 ROOT = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-CHECKS = 8
+CHECKS = 9
 
 
 def _tool(name):
@@ -163,3 +163,31 @@ def test_the_two_line_ddp_example_computes_what_dssync_train_computes(tmp_path):
             assert torch.equal(got[name], want[name]), f"rank {r}: {name}"
         models.append(got)
     assert not torch.equal(models[0]["0.weight"], models[1]["0.weight"])  # the ranks' models differ
+
+
+@pytest.mark.parametrize(("launcher", "library"), [("mpirun", "mpi"), ("horovodrun-gloo", "horovod")])
+def test_the_probe_runs_as_typed_under_mpirun_and_horovodrun(launcher, library, tmp_path):
+    """`mpirun -np 4 dssync probe --out t.json` with no flag or variable: the probe runs
+    over the launcher's own library and measures every path."""
+    out = tmp_path / "t.json"
+    proc = launch(launcher, 4, [str(BIN / "dssync"), "probe", "--out", str(out)], timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    topo = json.loads(out.read_text())
+    assert len(topo["workers"]) == 4 and topo["probe"]["library"] == library
+    for name in ("latency_us", "bandwidth_gbps"):
+        matrix = torch.tensor(topo[name])
+        off_diagonal = matrix[~torch.eye(4, dtype=torch.bool)]
+        assert bool((off_diagonal > 0).all()), (name, topo[name])
+
+
+def test_ds_sync_under_mpirun_probes_when_its_ranks_are_on_several_hosts(tmp_path):
+    """--backend mpi probes first as --backend torch does: each rank names its own host
+    (DSSYNC_HOST), so ds-sync measures the network before it plans."""
+    out = tmp_path / "mpi.json"
+    argv = ["-c", f"import os, sys; os.environ['DSSYNC_HOST'] = 'h' + os.environ['OMPI_COMM_WORLD_RANK']; "
+            f"from dssync.cli import main; sys.exit(main({[*TRAIN[2:], '--steps', '10', '--eval-every', '10', '--backend', 'mpi', '--json', str(out)]!r}))"]
+    proc = launch("mpirun", 4, argv, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["backend"] == "mpi" and sorted(sum(record["topology"]["racks"], [])) == [0, 1, 2, 3]
+    assert record["topology"]["probe"]["library"] == "mpi", record["topology"]
