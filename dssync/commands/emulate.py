@@ -38,7 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--flows", nargs="+", default=[], metavar="FLOW",
                    help="background iperf3 flows: rack:I (across rack I's uplink), nic:I (through "
                    "worker I's NIC only), rank:I "
-                   "(through worker I's NIC and its rack's uplink)")
+                   "(through worker I's NIC and its rack's uplink); or cpu:I, a busy loop on worker "
+                   "I's host (other work on its CPU, no traffic)")
     c.add_argument("--streams", type=int, default=None,
                    help="TCP streams per background flow (default 8: traffic of many tasks; 2 leaves "
                    "a worker about a third of a shared NIC)")
@@ -95,11 +96,12 @@ def _contend(args: argparse.Namespace) -> int:
     cpu = dict(emulate.parse_cpu_limit(text) for text in args.cpu)
     if not (args.clear or args.uplink or args.nic or flows or cpu):
         raise ValueError("say what to change: --rack I --uplink RATE, --rank I --nic RATE, "
-                         "--flows rack:I|rank:I|nic:I, --cpu RANK:CORES, or --clear")
+                         "--flows rack:I|rank:I|nic:I|cpu:I, --cpu RANK:CORES, or --clear")
     streams = emulate.FLOW_STREAMS if args.streams is None else args.streams
     c = emulate.contend(name=args.name, rack=args.rack, uplink=args.uplink, rank=args.rank,
                         nic=args.nic, flows=flows, streams=streams, cpu=cpu, clear=args.clear)
-    flows_now = [f"{f['kind']}:{f['index']} x{f.get('streams', '?')}" for f in c.flows]
+    flows_now = [f"{f['kind']}:{f['index']}" + ("" if f["kind"] == "cpu" else f" x{f.get('streams', '?')}")
+                 for f in c.flows]
     print(f"contention on {args.name!r}: uplinks {c.uplink_override or 'nominal'}, "
           f"NICs {c.nic_override or 'nominal'}, flows {flows_now}, CPU limits {c.cpu_limit or 'none'}")
     return 0

@@ -1,5 +1,6 @@
-"""Contention on the emulated cluster: lowered rates, background ``iperf3`` flows and CPU
-caps of workers (compute stragglers), set by ``contend`` and kept in the cluster's state."""
+"""Contention on the emulated cluster: lowered rates, background ``iperf3`` flows, busy
+loops on workers' hosts (other work on their CPU) and CPU caps of workers (compute
+stragglers), set by ``contend`` and kept in the cluster's state."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +27,10 @@ from .state import (
     load_state,
     parse_rate,
 )
+
+#: In the command line of every busy loop ``cpu:I`` starts, so that ending it ends nothing else.
+BUSY_LOOP_MARK = "dssync emulate busy loop"
+
 
 # -- CPU limits (compute stragglers) ---------------------------------------------------------
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -81,7 +87,8 @@ def contend(*, name: str = DEFAULT_NAME, rack: int | None = None, uplink: str | 
             rank: int | None = None, nic: str | None = None,
             flows: Sequence[tuple[str, int]] = (), streams: int = FLOW_STREAMS,
             cpu: dict[int, float] | None = None, clear: bool = False) -> Cluster:
-    """Lower an uplink or NIC rate, start background flows of ``streams`` TCP streams each,
+    """Lower an uplink or NIC rate, start background flows of ``streams`` TCP streams each
+    (a ``cpu`` flow is a busy loop on the worker's host instead: no streams),
     cap workers' CPU (``cpu``: rank -> cores, a compute straggler; it applies to what
     ``run`` starts from then on), or ``clear`` all of it."""
     if streams < 1:
@@ -129,22 +136,43 @@ def parse_cpu_limit(text: str) -> tuple[int, float]:
 
 def parse_flow(text: str) -> tuple[str, int]:
     """``rack:0`` (across rack 0's uplink), ``rank:4`` (through worker 4's NIC and its rack's
-    uplink) or ``nic:4`` (through worker 4's NIC only, to a host in its own rack)."""
-    m = re.fullmatch(r"(rack|rank|nic):(\d+)", text.strip())
+    uplink), ``nic:4`` (through worker 4's NIC only, to a host in its own rack) or ``cpu:4``
+    (no traffic: a busy loop on worker 4's host, other work on its CPU)."""
+    m = re.fullmatch(r"(rack|rank|nic|cpu):(\d+)", text.strip())
     if not m:
         raise ValueError(f"cannot read flow {text!r}; write rack:I (across rack I's uplink), "
-                         "rank:I (through worker I's NIC and its rack's uplink) or nic:I (through "
-                         "worker I's NIC only)")
+                         "rank:I (through worker I's NIC and its rack's uplink), nic:I (through "
+                         "worker I's NIC only) or cpu:I (a busy loop on worker I's host)")
     return m.group(1), int(m.group(2))
 
 
+def busy_loop_argv(c: Cluster, rank: int) -> list[str]:
+    """The command of a ``cpu:rank`` flow: one process spinning in worker ``rank``'s
+    namespace, as other work on a real host's CPU would (on the emulated cluster every
+    worker shares the machine's cores, so it competes with all of them). It is not in the
+    worker's CPU cgroup: a ``--cpu`` cap is the worker's own share, not its host's."""
+    return ["ip", "netns", "exec", c.worker_ns(rank), sys.executable, "-c",
+            f"while True: pass  # {BUSY_LOOP_MARK} {c.name} {rank}"]
+
+
+def _start_busy_loop(c: Cluster, rank: int) -> dict:
+    proc = subprocess.Popen(busy_loop_argv(c, rank), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    time.sleep(0.2)
+    if proc.poll() is not None:
+        raise EmulationError(f"busy loop cpu:{rank} did not start: {proc.stderr.read().decode().strip()}")
+    return {"kind": "cpu", "index": rank, "streams": 0, "port": None, "pids": [proc.pid]}
+
+
 def _start_flow(c: Cluster, kind: str, index: int, streams: int) -> dict:
-    if shutil.which("iperf3") is None:
-        raise EmulationError("background flows need iperf3; install it (apt-get install iperf3)")
     if kind == "rack" and not 0 <= index < len(c.rack_sizes):
         raise ValueError(f"flow rack:{index}: racks are 0..{len(c.rack_sizes) - 1}")
-    if kind in ("rank", "nic") and not 0 <= index < c.world_size:
+    if kind in ("rank", "nic", "cpu") and not 0 <= index < c.world_size:
         raise ValueError(f"flow {kind}:{index}: ranks are 0..{c.world_size - 1}")
+    if kind == "cpu":
+        return _start_busy_loop(c, index)
+    if shutil.which("iperf3") is None:
+        raise EmulationError("background flows need iperf3; install it (apt-get install iperf3)")
     port = IPERF_BASE_PORT + len(c.flows)
     # rack and rank flows leave the rack for the sink on the spine; a nic flow stays in the
     # worker's rack, ending at that rack's background host.
@@ -188,11 +216,15 @@ def _running(pid: int) -> bool:
 
 def _kill_flow(flow: dict) -> None:
     """End a background flow's process groups: only those led by an iperf3 that this package
-    started (the state file's pids are checked, so a stale or edited one ends nothing else)."""
+    started, or by a busy loop whose command line carries ``BUSY_LOOP_MARK`` (the state
+    file's pids are checked, so a stale or edited one ends nothing else)."""
     for pid in flow.get("pids", []):
         try:
-            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
-            if os.path.basename(argv0) in (b"iperf3", b"ip") and os.getpgid(pid) == pid:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            argv0 = cmdline.split(b"\0")[0]
+            ours = (BUSY_LOOP_MARK.encode() in cmdline if flow.get("kind") == "cpu"
+                    else os.path.basename(argv0) in (b"iperf3", b"ip"))
+            if ours and os.getpgid(pid) == pid:
                 os.killpg(pid, signal.SIGKILL)
         except (OSError, ProcessLookupError, PermissionError):
             pass

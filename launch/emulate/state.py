@@ -113,7 +113,7 @@ class Cluster:
     uplink_bps: int
     nic_override: dict[int, int] = field(default_factory=dict)  # rank -> bits/s
     uplink_override: dict[int, int] = field(default_factory=dict)  # rack -> bits/s
-    flows: list[dict] = field(default_factory=list)  # {"kind", "index", "port", "pid"}
+    flows: list[dict] = field(default_factory=list)  # {"kind", "index", "streams", "port", "pids"}; kind cpu: a busy loop
     cpu_limit: dict[int, float] = field(default_factory=dict)  # rank -> cores its processes may use
 
     @property

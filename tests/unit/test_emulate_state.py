@@ -68,3 +68,43 @@ def test_ending_a_flow_ends_its_iperf3():
     finally:
         server.kill()
         server.wait()
+
+
+def test_a_busy_loop_is_a_flow_of_its_own_kind():
+    from dssync.launch.emulate import Cluster, parse_flow
+    from dssync.launch.emulate.contention import BUSY_LOOP_MARK, busy_loop_argv
+
+    assert parse_flow("cpu:3") == ("cpu", 3)
+    argv = busy_loop_argv(Cluster(**GOOD), 1)
+    assert argv[:4] == ["ip", "netns", "exec", "abc-w1"] and BUSY_LOOP_MARK in argv[-1]
+
+
+def _leader(code: str) -> subprocess.Popen:
+    """A python process leading its own group (sleeping, so that a test costs no CPU)."""
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while b"-c" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return proc
+
+
+def test_ending_a_busy_loop_ends_only_a_process_that_carries_its_mark():
+    from dssync.launch.emulate.contention import BUSY_LOOP_MARK
+
+    marked = _leader(f"import time; time.sleep(30)  # {BUSY_LOOP_MARK} abc 1")
+    bystander = _leader("import time; time.sleep(30)")
+    try:
+        _kill_flow({"kind": "cpu", "index": 1, "pids": [bystander.pid]})
+        _kill_flow({"kind": "rack", "index": 0, "pids": [marked.pid]})  # not an iperf3
+        for proc in (bystander, marked):
+            with pytest.raises(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.3)
+        _kill_flow({"kind": "cpu", "index": 1, "pids": [marked.pid]})
+        assert marked.wait(timeout=5) == -9
+    finally:
+        for proc in (marked, bystander):
+            proc.kill()
+            proc.wait()
