@@ -9,9 +9,14 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from dssync import __version__
+if sys.argv[1:2] == ["emulate"]:
+    # `emulate run` forks its workers from this process after torch is imported here; the
+    # namespaces have no resolver, and c10d would warn about it on every connection.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+from dssync import __version__  # noqa: E402
 from dssync.commands import bench, demo, emulate, plan, probe, simulate, train, tune
-from dssync.errors import DssyncError
+from dssync.errors import DssyncError  # noqa: E402
 
 __all__ = ["Terminated", "main", "raise_on_sigterm"]
 

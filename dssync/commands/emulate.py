@@ -55,6 +55,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="a transient straggler, RANK:KIND=VALUE@START+DURATION (seconds after the job "
                    "starts): 1:cpu=0.1@5+20 caps worker 1 at 0.1 cores, 3:nic=100mbit@0+30 shapes worker "
                    "3's NIC, 2:delay=30ms@10+60 delays it (needs sch_netem); repeatable")
+    r.add_argument("--launcher", default="direct", choices=("direct", "mpirun", "horovodrun"),
+                   help="direct (default): one copy per worker with torchrun's variables; mpirun or "
+                   "horovodrun (--gloo): that launcher starts the job from the spine's host and reaches "
+                   "each worker through its remote shell, as on a real cluster")
     r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     r.set_defaults(run=_run)
 
@@ -112,7 +116,8 @@ def _run(args: argparse.Namespace) -> int:
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     episodes = [emulate.parse_episode(text) for text in args.episode]
-    return emulate.run(cmd, name=args.name, timeout_s=args.timeout, out=sys.stdout, episodes=episodes)
+    return emulate.run(cmd, name=args.name, timeout_s=args.timeout, out=sys.stdout, episodes=episodes,
+                       launcher=args.launcher)
 
 
 def _down(args: argparse.Namespace) -> int:

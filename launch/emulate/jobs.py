@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,10 +17,55 @@ from typing import Any
 
 from .contention import _cpu_cgroup
 from .episodes import Episode, _Episodes, check_episodes
+from .forked import ForkedWorker, forkable
+from .launchers import LAUNCHERS, launcher_argv, launcher_env, workdir
 from .state import DEFAULT_NAME, MASTER_PORT, EmulationError, load_state
 
 
 # -- run -------------------------------------------------------------------------------------
+def _run_launcher(c, launcher: str, command: Sequence[str], timeout_s: float | None, out) -> int:
+    """``command`` under ``launcher`` (mpirun, horovodrun) from the sink namespace; its output
+    prefixed ``[<launcher>]``; 124 past ``timeout_s`` (the launcher and every rank killed)."""
+    with workdir() as tmp:
+        env = launcher_env(launcher, Path(tmp))
+        argv = ["setpriv", "--pdeathsig", "KILL", "ip", "netns", "exec", c.sink_ns, "env",
+                *(f"{k}={v}" for k, v in env.items()), *launcher_argv(c, launcher, command, Path(tmp))]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                start_new_session=True)
+
+        def pump() -> None:
+            for line in proc.stdout:
+                out.write(f"[{launcher}] {line}")
+                out.flush()
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return 124
+        finally:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            _kill_ranks(c)
+            reader.join(timeout=5)
+    return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+
+
+def _kill_ranks(c) -> None:
+    """Ranks a launcher started in the workers' namespaces and left behind (a launcher
+    killed at the timeout cannot reap them): anything but background flows' processes."""
+    keep = {pid for f in c.flows for pid in f.get("pids", [])}
+    for rank in range(c.world_size):
+        pids = subprocess.run(["ip", "netns", "pids", c.worker_ns(rank)], capture_output=True, text=True).stdout
+        for pid in pids.split():
+            if int(pid) not in keep:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+
+
 def run_dssync(name: str, args: Sequence[str], out: Path, *, timeout_s: float,
                episodes: Sequence[Episode] = ()) -> Any:
     """``dssync emulate run --name NAME [--episode SPEC ...] -- dssync ARGS...`` as a
@@ -40,7 +86,7 @@ FAILED_GRACE_S = 10.0
 
 
 def run(command: Sequence[str], *, name: str = DEFAULT_NAME, timeout_s: float | None = None,
-        out=None, episodes: Sequence[Episode] = ()) -> int:
+        out=None, episodes: Sequence[Episode] = (), launcher: str = "direct") -> int:
     """Run ``command`` once per worker in its namespace; stream ``[w<i>]``-prefixed output.
 
     Once a copy has failed (a non-zero exit), the others have ``FAILED_GRACE_S`` to end, then
@@ -56,12 +102,22 @@ def run(command: Sequence[str], *, name: str = DEFAULT_NAME, timeout_s: float | 
     written to ``out`` as an ``[episode]`` line; however the job ends, what is still on is
     undone before ``run`` returns. A worker with a CPU episode runs in its CPU cgroup from
     the start (uncapped until the episode, unless ``contend`` capped it).
+
+    ``launcher`` ``mpirun`` or ``horovodrun`` starts ``command`` under that launcher instead,
+    from the spine's host, which reaches each worker through its remote shell
+    (``launchers``); the launcher's exit code is the result.
     """
     if not command:
         raise ValueError("nothing to run: give the command after `--`")
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"unknown launcher {launcher!r}; choose one of: {', '.join(LAUNCHERS)}")
     c = load_state(name)
     check_episodes(c, episodes)
+    if launcher != "direct" and episodes:
+        raise ValueError(f"--episode needs the direct launch (dssync emulate run without --launcher {launcher})")
     out = out or sys.stdout
+    if launcher != "direct":
+        return _run_launcher(c, launcher, command, timeout_s, out)
     lock = threading.Lock()
 
     def write(text: str) -> None:
@@ -81,26 +137,31 @@ def run(command: Sequence[str], *, name: str = DEFAULT_NAME, timeout_s: float | 
 
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     timed_out = False
+    fork = forkable(command)
     try:
-        stragglers.start()
         for rank in range(c.world_size):
             env = {"RANK": str(rank), "WORLD_SIZE": str(c.world_size), "LOCAL_RANK": "0",
                    "MASTER_ADDR": c.worker_addr(0), "MASTER_PORT": str(MASTER_PORT),
                    "GLOO_SOCKET_IFNAME": "eth0", "DSSYNC_HOST": f"w{rank}"}
             # The namespaces have no resolver; c10d would warn about it on every connection.
             env.setdefault("TORCH_CPP_LOG_LEVEL", os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"))
+            cgroup = _cpu_cgroup(c.name, rank) if rank in in_cgroup else None
+            if fork:  # every worker forked before any thread starts here
+                procs.append(ForkedWorker(command, netns=c.worker_ns(rank), env=env, cgroup=cgroup))
+                continue
             argv = ["ip", "netns", "exec", c.worker_ns(rank), "env",
                     *(f"{k}={v}" for k, v in env.items()), *command]
-            if rank in in_cgroup:  # joins the worker's cgroup, then becomes the command (which
+            if cgroup is not None:  # joins the worker's cgroup, then becomes the command (which
                 # inherits it); outside the namespace, whose own /sys has no cgroup mount
-                argv = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(_cpu_cgroup(c.name, rank)),
-                        *argv]
+                argv = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cgroup), *argv]
             # The worker dies with this process, even killed by SIGKILL (util-linux's setpriv
             # sets PR_SET_PDEATHSIG, which every exec after it keeps).
             argv = ["setpriv", "--pdeathsig", "KILL", *argv]
             procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           text=True, bufsize=1, start_new_session=True))
-            threads.append(threading.Thread(target=pump, args=(rank, procs[-1]), daemon=True))
+        stragglers.start()
+        for rank, proc in enumerate(procs):
+            threads.append(threading.Thread(target=pump, args=(rank, proc), daemon=True))
             threads[-1].start()
         failed_at, gave_up = None, False
         while any(p.poll() is None for p in procs):

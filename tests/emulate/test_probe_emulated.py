@@ -104,3 +104,26 @@ def test_the_fan_recheck_sees_another_jobs_queue_at_a_nic_and_none_on_a_clear_pa
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     pings = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("[w0] {"))[5:])
     assert pings["queued"] > DELAY_RATIO * pings["clear"], pings
+
+
+def test_the_probe_finds_the_same_network_under_every_launcher(name, tmp_path):
+    """`dssync emulate run --launcher mpirun|horovodrun -- dssync probe`, as typed (no flag):
+    the ranks run inside the workers' namespaces, the probe runs over MPI or Horovod, and
+    finds the racks and flags the torch backend finds, which are those built."""
+    spec = emulate.SCENARIOS["inter-rack+nic"]
+    found = {}
+    with emulate.cluster(spec["rack_sizes"], name=name, nic=spec["nic"], uplink=spec["uplink"]):
+        emulate.contend(name=name, flows=spec["flows"])
+        for launcher in ("direct", "mpirun", "horovodrun"):
+            out = tmp_path / f"{launcher}.json"
+            proc = subprocess.run([DSSYNC, "emulate", "run", "--name", name, "--timeout", "240", "--launcher",
+                                   launcher, "--", DSSYNC, "probe", "--out", str(out)],
+                                  capture_output=True, text=True, timeout=300)
+            assert proc.returncode == 0, (launcher, proc.stdout[-3000:] + proc.stderr[-2000:])
+            topo = json.loads(out.read_text())
+            assert topo["probe"]["library"] == {"direct": "torch", "mpirun": "mpi"}.get(launcher, "horovod")
+            assert [w["host"] for w in topo["workers"]] == [f"w{r}" for r in range(8)], topo["workers"]
+            found[launcher] = ([w["rack"] for w in topo["workers"]], [u["rack"] for u in topo["contention"]["uplinks"]],
+                               [n["rank"] for n in topo["contention"]["nics"]])
+    truth = ([0] * 5 + [1] * 3, [0], [4])
+    assert found == {launcher: truth for launcher in found}, found
