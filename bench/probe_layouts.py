@@ -3,19 +3,21 @@
 ``generate(count, seed)`` draws layouts of 2-4 racks of 1-5 workers (at most 9) and, on
 each, a random mix of the contention kinds ``dssync emulate contend`` makes: a slower uplink
 (a rate), a slower NIC (a rate), background flows across a rack's uplink (``rack:I``, 8 TCP
-streams) and through a worker's NIC (``nic:I``, 2 streams). ``score`` compares what a probe
-reported with what was built: racks exact (up to renumbering, which topology.json fixes by
-lowest rank anyway), the flagged uplinks and NICs against the contended ones (precision and
-recall), and whether a wrong answer was given with high confidence.
+streams) and through a worker's NIC (``nic:I``, 2 streams), and hosts whose CPU is busy
+with other work (``cpu:I``, a busy loop on worker I's host). It leaves out no layout: a
+slow uplink may sit on a rack of one or between two racks, a busy uplink on any rack, a
+slow or shared NIC anywhere. Every ``KINDS`` entry is featured in 4 of every 20 layouts
+(``kinds`` tells which a layout has), the rest of each layout drawn at random.
 
-Only layouts whose answer a throughput probe can tell are drawn, and the rules say why:
-- a rate-limited uplink needs three racks or more: with two, one slow inter-rack link slows
-  both racks' traffic alike both ways, and which end is "the" slow uplink is not a fact of
-  the network (a background flow, one way only, is drawn there instead);
-- uplink contention needs a rack of two or more: a rack of one's uplink and NIC carry the
-  same flows, so a slow one is indistinguishable from the other (it is drawn as a NIC);
-- a rack whose uplink is contended keeps at least one worker with a clear NIC, and at least
-  three workers of the world keep clear NICs (a NIC is slow against the others' median).
+``score`` compares what a probe reported with what was built. Where two answers cannot be
+told apart by any flow of the job, what counts is the network, not the convention: the
+same-network rule (``dssync.bench.same_network``: every pattern of the job's flows gets the
+same max-min fair rates, within 5 %) decides ``same_network``; ``exact`` is racks equal up to
+renumbering and the flagged uplinks and NICs equal to the contended ones; ``right`` is
+either. ``flags_right`` is the flags naming the contended links (NICs by rank, uplinks by
+the workers behind them) or the whole answer being the same network; ``wrong_confident`` a
+wrong answer whose topology says it is confident. A busy CPU is not contention of the
+network: it is never to be flagged.
 """
 
 from __future__ import annotations
@@ -29,9 +31,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Layout", "equivalent", "fair_rates", "generate", "probe_layout", "run_layouts", "score", "summarize"]
+from dssync.bench.same_network import NIC_FLOW_STREAMS, UPLINK_FLOW_STREAMS
+
+__all__ = ["KINDS", "Layout", "equivalent", "fair_rates", "generate", "kinds", "probe_layout", "run_layouts",
+           "score", "summarize"]
 
 SLOW_RATES_MBIT = (150, 200, 250, 300, 400)  # against 1 Gbit/s NICs and uplinks
+#: The layout kinds ``generate`` features, each in ``BLOCK // len(KINDS)`` of every ``BLOCK``
+#: layouts: a rate-limited uplink (oversubscribed by rate: slower than one NIC); a
+#: rate-limited NIC in a rack of two; every uplink exactly as fast as a NIC (none
+#: rate-limited) beside a rack of one or two, whose uplink then carries what one or two NICs
+#: do; racks of unequal sizes with a slow NIC and another job's flows across an uplink at
+#: once; a host whose CPU is busy with other work.
+KINDS = ("slow_uplink", "slow_nic_in_rack_of_two", "uplinks_at_nic_speed", "unequal_racks_slow_nic_busy_uplink",
+         "busy_cpu")
+BLOCK = 20
 
 
 @dataclass(frozen=True)
@@ -43,6 +57,7 @@ class Layout:
     slow_nics: dict[int, str] = field(default_factory=dict)  # rank -> rate
     uplink_flows: tuple[int, ...] = ()  # racks with background flows leaving through their uplink
     nic_flows: tuple[int, ...] = ()  # ranks with a background flow through their NIC
+    busy_cpus: tuple[int, ...] = ()  # ranks whose host runs a busy loop (not a network property)
 
     @property
     def racks(self) -> list[int]:
@@ -61,52 +76,82 @@ class Layout:
         parts += [f"uplink{r}={rate}" for r, rate in sorted(self.slow_uplinks.items())]
         parts += [f"nic{i}={rate}" for i, rate in sorted(self.slow_nics.items())]
         parts += [f"rack:{r}" for r in self.uplink_flows] + [f"nic:{i}" for i in self.nic_flows]
+        parts += [f"cpu:{i}" for i in self.busy_cpus]
         return " ".join(parts)
 
 
-def _draw(rng: random.Random, max_workers: int) -> Layout:
+def kinds(layout: Layout) -> list[str]:
+    """The ``KINDS`` that ``layout`` is an instance of."""
+    sizes, racks = layout.rack_sizes, layout.racks
+    has = {
+        "slow_uplink": bool(layout.slow_uplinks),
+        "slow_nic_in_rack_of_two": any(sizes[racks[i]] == 2 for i in layout.slow_nics),
+        "uplinks_at_nic_speed": not layout.slow_uplinks and min(sizes) <= 2,
+        "unequal_racks_slow_nic_busy_uplink": len(set(sizes)) > 1 and bool(layout.slow_nics) and bool(layout.uplink_flows),
+        "busy_cpu": bool(layout.busy_cpus),
+    }
+    return [k for k in KINDS if has[k]]
+
+
+def _sizes(rng: random.Random, max_workers: int, feature: str) -> list[int]:
+    """Rack sizes, 2-4 racks of 1-5 workers, 4 to ``max_workers`` in all, shaped for ``feature``."""
+    fits = {"slow_nic_in_rack_of_two": lambda s: 2 in s, "uplinks_at_nic_speed": lambda s: min(s) <= 2,
+            "unequal_racks_slow_nic_busy_uplink": lambda s: len(set(s)) > 1}.get(feature, lambda s: True)
     while True:
-        racks = rng.randint(2, 4)
-        sizes = [rng.randint(1, 5) for _ in range(racks)]
-        if 4 <= sum(sizes) <= max_workers:
-            break
-    ranks = list(range(sum(sizes)))
-    members = [[i for i, r in enumerate(Layout(tuple(sizes)).racks) if r == k] for k in range(racks)]
-    big = [r for r in range(racks) if sizes[r] >= 2]
+        sizes = [rng.randint(1, 5) for _ in range(rng.randint(2, 4))]
+        if 4 <= sum(sizes) <= max_workers and fits(sizes):
+            return sizes
+
+
+def _draw(rng: random.Random, max_workers: int, feature: str) -> Layout:
+    """One layout with ``feature`` (one of ``KINDS``) and a random mix of the others."""
+    sizes = _sizes(rng, max_workers, feature)
+    racks = Layout(tuple(sizes)).racks
+    ranks = list(range(len(racks)))
+
+    def rate() -> str:
+        return f"{rng.choice(SLOW_RATES_MBIT)}mbit"
+
     slow_uplinks: dict[int, str] = {}
-    uplink_flows: list[int] = []
-    # At most one contended uplink by each mechanism, and never every rack's.
-    if big and racks >= 3 and rng.random() < 0.5:
-        slow_uplinks[rng.choice(big)] = f"{rng.choice(SLOW_RATES_MBIT)}mbit"
-    free = [r for r in big if r not in slow_uplinks]
-    if free and len(slow_uplinks) + 1 < racks and rng.random() < 0.5:
-        uplink_flows.append(rng.choice(free))
-    contended = set(slow_uplinks) | set(uplink_flows)
+    if feature == "slow_uplink" or (feature != "uplinks_at_nic_speed" and rng.random() < 0.3):
+        slow_uplinks[rng.randrange(len(sizes))] = rate()
+    uplink_flows = [rng.randrange(len(sizes))] if feature == "unequal_racks_slow_nic_busy_uplink" or rng.random() < 0.35 else []
     slow_nics: dict[int, str] = {}
     nic_flows: list[int] = []
+    if feature == "slow_nic_in_rack_of_two":
+        slow_nics[rng.choice([i for i in ranks if sizes[racks[i]] == 2])] = rate()
+    elif feature == "unequal_racks_slow_nic_busy_uplink":
+        slow_nics[rng.choice(ranks)] = rate()
     for _ in range(rng.choice((0, 1, 1, 2))):
-        clear = [i for i in ranks if i not in slow_nics and i not in nic_flows]
-        # keep a clear NIC in every contended rack, and three clear NICs in the world
-        allowed = [i for i in clear if len(clear) > 3 and not any(
-            i in members[r] and sum(1 for m in members[r] if m in clear) < 2 for r in contended)]
-        if not allowed:
-            break
-        rank = rng.choice(allowed)
+        if len(slow_nics) + len(nic_flows) >= max(1, len(ranks) // 3):
+            break  # a slow NIC is slow against the others: most of them stay clear
+        rank = rng.choice([i for i in ranks if i not in slow_nics and i not in nic_flows])
         if rng.random() < 0.6:
-            slow_nics[rank] = f"{rng.choice(SLOW_RATES_MBIT)}mbit"
+            slow_nics[rank] = rate()
         else:
             nic_flows.append(rank)
-    return Layout(tuple(sizes), slow_uplinks, slow_nics, tuple(uplink_flows), tuple(sorted(nic_flows)))
+    busy: list[int] = []
+    if feature == "busy_cpu" or rng.random() < 0.15:
+        busy = rng.sample(ranks, 2 if rng.random() < 0.3 else 1)
+    return Layout(tuple(sizes), slow_uplinks, slow_nics, tuple(uplink_flows), tuple(sorted(nic_flows)),
+                  tuple(sorted(busy)))
 
 
 def generate(count: int, seed: int = 0, *, max_workers: int = 9) -> list[Layout]:
-    """``count`` layouts drawn from ``seed`` (the same seed gives the same layouts)."""
+    """``count`` layouts drawn from ``seed`` (the same seed gives the same layouts). Each
+    block of ``BLOCK`` layouts features every one of ``KINDS`` ``BLOCK // len(KINDS)`` times,
+    in a random order; the rest of each layout is drawn at random, no kind left out."""
     if count < 1:
         raise ValueError(f"need at least one layout, got {count}")
     if not 4 <= max_workers <= 250:
         raise ValueError(f"max_workers must lie in 4..250, got {max_workers}")
     rng = random.Random(seed)
-    return [_draw(rng, max_workers) for _ in range(count)]
+    features: list[str] = []
+    while len(features) < count:
+        block = [k for k in KINDS for _ in range(BLOCK // len(KINDS))]
+        rng.shuffle(block)
+        features += block
+    return [_draw(rng, max_workers, feature) for feature in features[:count]]
 
 
 def fair_rates(flows: Sequence[Sequence[Any]], capacity: dict[Any, float]) -> list[float]:
@@ -167,7 +212,9 @@ def _network(layout: Layout, racks: Sequence[int]) -> tuple[dict[Any, float], Ca
 
 
 def equivalent(layout: Layout, found: Sequence[int], ratio: float = 0.6) -> bool:
-    """Whether ``found`` racks predict what ``layout``'s own racks do for every flow of every
+    """The older, racks-only check, kept for its callers (``score`` now uses
+    ``dssync.bench.same_network``, which judges the flags too and holds rates to 5 %).
+    Whether ``found`` racks predict what ``layout``'s own racks do for every flow of every
     pattern a probe could send: each single flow, each two flows at once, and each rack's
     egress blast of either partition (max-min fair rates, background flows included), to
     within ``ratio``. Racks that no such pattern tells apart are not a fact of the network:
@@ -199,31 +246,45 @@ def _same_partition(found: Sequence[int], truth: Sequence[int]) -> bool:
 
 
 def score(layout: Layout, topology: dict[str, Any]) -> dict[str, Any]:
-    """What the probe got right on ``layout``, from the topology.json it wrote."""
-    found = [w["rack"] for w in topology["workers"]]
+    """What the probe got right on ``layout``, from the topology.json it wrote (the fields
+    are described in bench/README.md's probe-layouts section)."""
+    from dssync.bench.same_network import Answer, best_answer, compare, same_network
+
+    answer = Answer.from_topology(topology)
+    found = list(answer.racks)
     racks_exact = _same_partition(found, layout.racks)
-    racks_equivalent = racks_exact or equivalent(layout, found)
     # Uplink flags are judged per rack of the layout: the rack whose uplink was flagged is the
     # rack the flagged rack's members belong to (only meaningful when the racks are exact).
-    flagged_up = sorted({layout.racks[i] for u in topology["contention"]["uplinks"]
-                         for i, r in enumerate(found) if r == u["rack"]}) if racks_exact else None
-    flagged_nic = sorted(n["rank"] for n in topology["contention"]["nics"])
+    flagged_up = sorted({layout.racks[i] for u in answer.uplinks
+                         for i, r in enumerate(found) if r == u}) if racks_exact else None
+    flagged_nic = sorted(answer.nics)
     want_up, want_nic = layout.contended_uplinks, layout.contended_nics
-    # On racks that are the same network but not the same partition, an uplink is named by
-    # the workers behind it: the flags are right when they name the contended links' workers.
-    behind = {frozenset(i for i, r in enumerate(found) if r == u["rack"]) for u in topology["contention"]["uplinks"]}
+    uplinks_exact, nics_exact = flagged_up == want_up, flagged_nic == want_nic
+    exact = racks_exact and uplinks_exact and nics_exact
+    difference = compare(layout, answer)
+    same = difference is None
+    racks_same = racks_exact or same or same_network(layout, best_answer(layout, found))
+    # On racks that are not the same partition, an uplink is named by the workers behind it:
+    # the flags name the contended links when they name the contended racks' workers and NICs.
+    behind = {frozenset(i for i, r in enumerate(found) if r == u) for u in answer.uplinks}
     want_behind = {frozenset(i for i, r in enumerate(layout.racks) if r == u) for u in want_up}
+    flags_named = behind == want_behind and flagged_nic == want_nic
     conf = topology.get("confidence", {})
+    confident = bool(conf.get("confident", True))
+    right = exact or same
     return {
-        "layout": layout.describe(), "spec": asdict(layout), "racks_found": found,
-        "racks_exact": racks_exact, "racks_equivalent": racks_equivalent,
+        "layout": layout.describe(), "spec": asdict(layout), "kinds": kinds(layout), "racks_found": found,
+        "exact": exact, "same_network": same, "right": right,
+        "flags_right": flags_named or same, "wrong_confident": (not right) and confident,
+        "difference": None if same else str(difference),
+        "racks_exact": racks_exact, "racks_same_network": racks_same, "racks_equivalent": racks_same,
         "unplaced": conf.get("unplaced", []),
-        "confident": bool(conf.get("confident", True)),
-        "wrong_with_confidence": (not racks_exact) and bool(conf.get("confident", True)),
-        "telling_wrong_with_confidence": (not racks_equivalent) and bool(conf.get("confident", True)),
-        "uplinks_found": flagged_up, "uplinks_true": want_up, "uplinks_exact": flagged_up == want_up,
-        "nics_found": flagged_nic, "nics_true": want_nic, "nics_exact": flagged_nic == want_nic,
-        "flags_equivalent": racks_equivalent and behind == want_behind and flagged_nic == want_nic,
+        "confident": confident,
+        "wrong_with_confidence": (not racks_exact) and confident,
+        "telling_wrong_with_confidence": (not racks_same) and confident,
+        "uplinks_found": flagged_up, "uplinks_true": want_up, "uplinks_exact": uplinks_exact,
+        "nics_found": flagged_nic, "nics_true": want_nic, "nics_exact": nics_exact,
+        "flags_equivalent": racks_same and flags_named,
         "flags_true_positive": len(set(flagged_up or []) & set(want_up)) + len(set(flagged_nic) & set(want_nic)),
         "flags_reported": len(flagged_up or []) + len(flagged_nic),
         "flags_true": len(want_up) + len(want_nic),
@@ -233,16 +294,31 @@ def score(layout: Layout, topology: dict[str, Any]) -> dict[str, Any]:
 
 
 def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Counts over ``rows`` of ``score`` (rows of records written before a field existed
+    count it from the fields they have)."""
     tp = sum(r["flags_true_positive"] for r in rows)
     reported = sum(r["flags_reported"] for r in rows)
     true = sum(r["flags_true"] for r in rows)
     seconds = [r["probe_seconds"] for r in rows]
+
+    def flags_exact(r: dict[str, Any]) -> bool:
+        return bool(r["uplinks_exact"]) and bool(r["nics_exact"])
+
+    def exact(r: dict[str, Any]) -> bool:
+        return r.get("exact", r["racks_exact"] and flags_exact(r))
+
     return {
         "layouts": len(rows),
+        "right": sum(r.get("right", exact(r)) for r in rows),
+        "exact": sum(exact(r) for r in rows),
+        "same_network": sum(r.get("same_network", exact(r)) for r in rows),
+        "flags_right": sum(r.get("flags_right", flags_exact(r)) for r in rows),
+        "wrong_confident": sum(r.get("wrong_confident", not exact(r) and r["confident"]) for r in rows),
         "racks_exact": sum(r["racks_exact"] for r in rows),
+        "racks_same_network": sum(r.get("racks_same_network", r["racks_exact"]) for r in rows),
         "racks_equivalent": sum(r.get("racks_equivalent", r["racks_exact"]) for r in rows),
-        "flags_exact": sum(bool(r["uplinks_exact"]) and r["nics_exact"] for r in rows),
-        "flags_equivalent": sum(r.get("flags_equivalent", bool(r["uplinks_exact"]) and r["nics_exact"]) for r in rows),
+        "flags_exact": sum(flags_exact(r) for r in rows),
+        "flags_equivalent": sum(r.get("flags_equivalent", flags_exact(r)) for r in rows),
         "wrong_with_confidence": sum(r["wrong_with_confidence"] for r in rows),
         "telling_wrong_with_confidence": sum(r.get("telling_wrong_with_confidence", r["wrong_with_confidence"])
                                              for r in rows),
@@ -265,9 +341,11 @@ def probe_layout(layout: Layout, *, name: str, probe_args: Sequence[str] = (),
         for rank, rate in layout.slow_nics.items():
             emulate.contend(name=name, rank=rank, nic=rate)
         if layout.uplink_flows:
-            emulate.contend(name=name, flows=[("rack", r) for r in layout.uplink_flows])
+            emulate.contend(name=name, flows=[("rack", r) for r in layout.uplink_flows], streams=UPLINK_FLOW_STREAMS)
         if layout.nic_flows:
-            emulate.contend(name=name, flows=[("nic", i) for i in layout.nic_flows], streams=2)
+            emulate.contend(name=name, flows=[("nic", i) for i in layout.nic_flows], streams=NIC_FLOW_STREAMS)
+        if layout.busy_cpus:  # last: the flows above start on idle cores
+            emulate.contend(name=name, flows=[("cpu", i) for i in layout.busy_cpus])
         out = Path(tmp) / "topology.json"
         return emulate.run_dssync(name, ["probe", *probe_args, "--out", str(out)], out, timeout_s=timeout_s)
 

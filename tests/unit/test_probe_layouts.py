@@ -2,7 +2,16 @@
 
 import pytest
 
-from dssync.bench.probe_layouts import Layout, equivalent, fair_rates, generate, score
+from dssync.bench.probe_layouts import (
+    KINDS,
+    Layout,
+    equivalent,
+    fair_rates,
+    generate,
+    kinds,
+    score,
+    summarize,
+)
 
 
 def test_fair_rates_fill_the_tightest_link_first():
@@ -31,35 +40,97 @@ def test_racks_no_flow_tells_apart_are_equivalent():
     assert not equivalent(Layout((5, 3), slow_uplinks={1: "200mbit"}), [0, 0, 0, 0, 1, 1, 1, 1])
 
 
-def test_the_generator_is_seeded_and_keeps_its_rules():
+def test_the_generator_is_seeded_and_draws_within_its_bounds():
     assert generate(5, seed=3) == generate(5, seed=3)
+    assert generate(5, seed=3) != generate(5, seed=4)
     for layout in generate(200, seed=11):
-        assert 2 <= len(layout.rack_sizes) <= 4 and 4 <= sum(layout.rack_sizes) <= 9
+        n = sum(layout.rack_sizes)
+        assert 2 <= len(layout.rack_sizes) <= 4 and 4 <= n <= 9
         assert all(1 <= size <= 5 for size in layout.rack_sizes)
-        if layout.slow_uplinks:
-            assert len(layout.rack_sizes) >= 3
-        assert all(layout.rack_sizes[r] >= 2 for r in layout.contended_uplinks)
-        clear = [i for i in range(sum(layout.rack_sizes)) if i not in layout.contended_nics]
-        assert len(clear) >= 3
-        for r in layout.contended_uplinks:
-            assert any(layout.racks[i] == r for i in clear)
+        assert all(0 <= r < len(layout.rack_sizes) for r in [*layout.slow_uplinks, *layout.uplink_flows])
+        assert all(0 <= i < n for i in [*layout.slow_nics, *layout.nic_flows, *layout.busy_cpus])
+        assert not set(layout.slow_nics) & set(layout.nic_flows)
+    assert all(sum(layout.rack_sizes) <= 6 for layout in generate(50, seed=1, max_workers=6))
+    with pytest.raises(ValueError):
+        generate(0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 5, 7, 11, 2026])
+def test_every_kind_is_in_at_least_three_of_every_twenty_layouts(seed):
+    layouts = generate(60, seed=seed)
+    for block in (layouts[:20], layouts[20:40], layouts[40:]):
+        for kind in KINDS:
+            assert sum(kind in kinds(layout) for layout in block) >= 3, (seed, kind)
+
+
+def test_the_generator_leaves_out_no_hard_layout():
+    layouts = generate(400, seed=0)
+    # the kinds the old rules redrew away: a slow uplink between two racks or on a rack of
+    # one, another job's flows leaving a rack of one, a rack with a contended uplink whose
+    # every NIC is contended too
+    assert any(layout.slow_uplinks and len(layout.rack_sizes) == 2 for layout in layouts)
+    assert any(layout.rack_sizes[r] == 1 for layout in layouts for r in layout.slow_uplinks)
+    assert any(layout.rack_sizes[r] == 1 for layout in layouts for r in layout.uplink_flows)
+    assert any(all(layout.racks[i] != r or i in layout.contended_nics for i in range(len(layout.racks)))
+               for layout in layouts for r in layout.contended_uplinks)
+    assert any(len(layout.busy_cpus) == 2 for layout in layouts)
+
+
+def test_kinds_name_what_a_layout_holds():
+    assert kinds(Layout((4, 2), slow_nics={5: "200mbit"})) == ["slow_nic_in_rack_of_two", "uplinks_at_nic_speed"]
+    assert kinds(Layout((3, 3), slow_uplinks={0: "300mbit"}, busy_cpus=(1,))) == ["slow_uplink", "busy_cpu"]
+    assert kinds(Layout((5, 3), slow_nics={1: "150mbit"}, uplink_flows=(1,))) == ["unequal_racks_slow_nic_busy_uplink"]
+    assert Layout((2, 2), busy_cpus=(0, 3)).describe() == "2,2 cpu:0 cpu:3"
+
+
+def _topology(racks, uplinks=(), nics=(), confident=True):
+    return {"workers": [{"rank": i, "rack": r} for i, r in enumerate(racks)],
+            "contention": {"uplinks": [{"rack": r, "bandwidth_gbps": 0.3} for r in uplinks],
+                           "nics": [{"rank": i, "bandwidth_gbps": 0.2} for i in nics]},
+            "probe": {"seconds": 5.0}, "confidence": {"confident": confident, "unplaced": []}}
 
 
 def test_score_counts_a_confident_wrong_answer_and_an_equivalent_one():
     layout = Layout((1, 5, 1), uplink_flows=(1,))
-    topo = {"workers": [{"rack": r} for r in [0, 1, 1, 1, 1, 1, 0]],
-            "contention": {"uplinks": [], "nics": []}, "probe": {"seconds": 5.0},
-            "confidence": {"confident": True, "unplaced": []}}
+    topo = _topology([0, 1, 1, 1, 1, 1, 0])
     row = score(layout, topo)
-    assert not row["racks_exact"] and row["racks_equivalent"]
+    assert not row["racks_exact"] and row["racks_equivalent"] and row["racks_same_network"]
     assert row["wrong_with_confidence"] and not row["telling_wrong_with_confidence"]
-    # rack 1's uplink missed: the flags are wrong in both senses
-    assert row["uplinks_exact"] is False and not row["flags_equivalent"]
+    # rack 1's uplink missed: the flags are wrong in every sense, and so is the answer
+    assert row["uplinks_exact"] is False and not row["flags_equivalent"] and not row["flags_right"]
+    assert not row["exact"] and not row["same_network"] and not row["right"] and row["wrong_confident"]
+    assert "Gbit/s" in row["difference"]
     # flagged on the found rack whose workers are rack 1's: the same link, though not the same rack number
-    topo["contention"]["uplinks"] = [{"rack": 1, "bandwidth_gbps": 0.3}]
-    row = score(layout, topo)
-    assert row["uplinks_found"] is None and row["flags_equivalent"]
-    topo["contention"]["uplinks"] = [{"rack": 0, "bandwidth_gbps": 0.3}]  # the merged racks of one instead
-    assert not score(layout, topo)["flags_equivalent"]
-    topo["contention"] = {"uplinks": [{"rack": 1, "bandwidth_gbps": 0.3}], "nics": [{"rank": 2, "bandwidth_gbps": 0.2}]}
-    assert not score(layout, topo)["flags_equivalent"]  # a NIC flagged that is not contended
+    row = score(layout, _topology([0, 1, 1, 1, 1, 1, 0], uplinks=[1]))
+    assert row["uplinks_found"] is None and row["flags_equivalent"] and row["flags_right"]
+    assert not row["exact"] and row["same_network"] and row["right"] and not row["wrong_confident"]
+    assert row["difference"] is None
+    # The merged racks of one flagged instead: not rack 1's workers, but every flow into the
+    # merged rack comes out of rack 1, so its uplink's way in is rack 1's way out.
+    row = score(layout, _topology([0, 1, 1, 1, 1, 1, 0], uplinks=[0]))
+    assert not row["flags_equivalent"] and row["same_network"] and row["flags_right"] and row["right"]
+    row = score(layout, _topology([0, 1, 1, 1, 1, 1, 0], uplinks=[1], nics=[2]))
+    assert not row["flags_equivalent"] and not row["right"]  # a NIC flagged that is not contended
+    row = score(layout, _topology([0, 1, 1, 1, 1, 1, 0], confident=False))
+    assert not row["right"] and not row["wrong_confident"]
+
+
+def test_score_an_exact_answer_and_the_same_network_by_another_link():
+    layout = Layout((4, 1), uplink_flows=(0,), busy_cpus=(2,))
+    row = score(layout, _topology([0, 0, 0, 0, 1], uplinks=[0]))
+    assert row["exact"] and row["same_network"] and row["right"] and row["flags_right"]
+    assert row["kinds"] == ["uplinks_at_nic_speed", "busy_cpu"]
+    # rank 4's NIC carries what rack 0's uplink does: not exact, the same network, flags right
+    row = score(layout, _topology([0, 0, 0, 0, 1], nics=[4]))
+    assert not row["exact"] and row["same_network"] and row["right"] and row["flags_right"]
+    assert row["uplinks_exact"] is False and not row["nics_exact"]
+    summary = summarize([row, score(layout, _topology([0, 0, 0, 0, 1]))])
+    assert summary["right"] == summary["same_network"] == summary["flags_right"] == 1
+    assert summary["exact"] == 0 and summary["wrong_confident"] == 1 and summary["layouts"] == 2
+
+
+def test_summarize_reads_records_written_before_the_same_network_rule():
+    old = {"racks_exact": True, "uplinks_exact": True, "nics_exact": False, "wrong_with_confidence": False,
+           "confident": True, "flags_true_positive": 1, "flags_reported": 1, "flags_true": 2, "probe_seconds": 3.0}
+    summary = summarize([old])
+    assert summary["exact"] == summary["right"] == 0 and summary["wrong_confident"] == 1

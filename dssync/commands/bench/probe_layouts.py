@@ -16,8 +16,10 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
     """Register ``bench probe-layouts`` on ``dssync bench``'s subparsers."""
     g = bsub.add_parser("probe-layouts", help="the prober on seeded random emulated networks (needs root)",
                         description="Draw COUNT random layouts (2-4 racks of 1-5 workers, slower uplinks and "
-                        "NICs, background flows across uplinks and through NICs) from SEED, build each one, "
-                        "run `dssync probe` on it and score the racks and the flags against what was built.")
+                        "NICs, background flows across uplinks and through NICs, busy CPUs) from SEED, build "
+                        "each one, run `dssync probe` on it and score its answer against what was built: "
+                        "exact (racks and flags), or the same network (every pattern of the job's flows "
+                        "gets the same max-min fair rates within 5%).")
     g.add_argument("--count", type=positive_int, default=20, help="layouts to probe (default %(default)s)")
     g.add_argument("--seed", type=int, default=0, help="seed of the layout generator (default %(default)s)")
     g.add_argument("--max-workers", type=positive_int, default=9, help="largest world drawn (default %(default)s)")
@@ -43,22 +45,27 @@ def run_probe_layouts(args: argparse.Namespace) -> int:
         result = run_layouts(layouts, probe_args=shlex.split(args.probe_args),
                              report=lambda row: progress.advance(task))
     table = Table(title=f"dssync probe on {len(layouts)} random layouts (seed {args.seed})")
-    for col in ("#", "layout", "racks", "uplinks found/true", "NICs found/true", "unplaced", "probe s"):
+    for col in ("#", "layout", "answer", "racks", "uplinks found/true", "NICs found/true", "unplaced", "probe s"):
         table.add_column(col, justify="right" if col in ("#", "probe s") else "left")
     for k, row in enumerate(result["rows"]):
-        racks = "exact" if row["racks_exact"] else (
-            ("equivalent" if row["racks_equivalent"] else "WRONG") + f" {row['racks_found']}"
-            + (" (confident)" if row["wrong_with_confidence"] else " (unsure)"))
-        table.add_row(str(k), row["layout"], racks, f"{row['uplinks_found']}/{row['uplinks_true']}",
+        answer = "exact" if row["exact"] else "same network" if row["same_network"] else (
+            "WRONG" + (" (confident)" if row["wrong_confident"] else " (unsure)"))
+        if not row["flags_right"]:
+            answer += ", flags wrong"
+        racks = "exact" if row["racks_exact"] else f"{row['racks_found']}"
+        table.add_row(str(k), row["layout"], answer, racks, f"{row['uplinks_found']}/{row['uplinks_true']}",
                       f"{row['nics_found']}/{row['nics_true']}", str(row["unplaced"] or "-"),
                       f"{row['probe_seconds']:.1f}")
     console.print(table)
+    for k, row in enumerate(result["rows"]):
+        if row["difference"]:
+            console.print(f"#{k} is another network: {row['difference']}")
     s = result["summary"]
-    console.print(f"racks exact {s['racks_exact']}/{s['layouts']} (equivalent: no flow pattern tells them apart, "
-                  f"{s['racks_equivalent']}/{s['layouts']}), flags exact {s['flags_exact']}/{s['layouts']} "
-                  f"(on equivalent racks, the contended links' workers: {s['flags_equivalent']}/{s['layouts']}), "
-                  f"wrong racks reported with confidence {s['wrong_with_confidence']} (of them telling apart "
-                  f"{s['telling_wrong_with_confidence']}), flag precision "
+    n = s["layouts"]
+    console.print(f"right {s['right']}/{n} (exact {s['exact']}/{n}, the same network {s['same_network']}/{n}), "
+                  f"flags right {s['flags_right']}/{n}, wrong and confident {s['wrong_confident']}; racks exact "
+                  f"{s['racks_exact']}/{n} (racks that can be the same network {s['racks_same_network']}/{n}), "
+                  f"flags exact {s['flags_exact']}/{n}, flag precision "
                   f"{s['flag_precision']:.3f} recall {s['flag_recall']:.3f}, probe time median "
                   f"{s['probe_seconds_median']:.1f} s max {s['probe_seconds_max']:.1f} s")
     if args.json:
