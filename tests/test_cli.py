@@ -351,3 +351,29 @@ def test_plan_refuses_bad_flags_on_one_line(tmp_path, args, needle):
     out = tmp_path / "schedule.json"
     assert_one_line_error(dssync("plan", "--rack-sizes", "4,4", "--out", out, *args), needle)
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--racks-from", "hostnames:^no-such-host-(\\d)"], "rank 0's host"),
+    (["--racks-from", "hostnames:rack("], "--racks-from: hostnames:rack(: 'rack(' is no regular expression"),
+    (["--racks-from", "racks.txt"], "argument --racks-from: takes slurm or hostnames:REGEX, got 'racks.txt'"),
+    (["--racks-from", "hostnames:.", "--rack-sizes", "1,1"], "give --rack-sizes (racks taken as they are) or "
+                                                             "--racks-from"),
+])
+def test_probe_refuses_racks_from_it_cannot_use_on_one_line_before_any_rank_starts(tmp_path, args, needle):
+    out = tmp_path / "topology.json"
+    assert_one_line_error(dssync("probe", "--out", out, *args), needle)
+    assert not out.exists()
+
+
+def test_probe_racks_from_slurm_without_slurm_says_so(tmp_path):
+    env = {**os.environ, "PATH": str(tmp_path)}  # no scontrol there
+    proc = subprocess.run([sys.executable, "-m", "dssync.cli", "probe", "--out", str(tmp_path / "t.json"),
+                           "--racks-from", "slurm"], capture_output=True, text=True, env=env, timeout=600)
+    assert_one_line_error(proc, "--racks-from: slurm needs scontrol, SLURM's client, on the PATH")
+
+
+def test_train_takes_racks_from_only_where_ds_sync_probes(tmp_path):
+    for args in (["--strategy", "ddp"], ["--strategy", "ds-sync", "--rack-sizes", "1,1"]):
+        proc = dssync("train", "--nproc", "2", "--steps", "3", *args, "--racks-from", "hostnames:.")
+        assert_one_line_error(proc, "--racks-from applies when ds-sync probes the network")

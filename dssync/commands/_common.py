@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import math
 
+from dssync.errors import TopologyError
 from dssync.planning.schedule import Schedule
 from dssync.topology import Topology
+from dssync.topology.prior import RackPrior, parse_racks_from
 
-__all__ = ["add_topology_options", "finite_float", "fraction", "non_negative_float", "non_negative_int", "positive_float",
+__all__ = ["add_racks_from_option", "add_topology_options", "finite_float", "fraction", "non_negative_float", "non_negative_int", "positive_float",
            "positive_int", "topology_from_args", "unit_interval"]
 
 
@@ -92,6 +94,28 @@ def rack_sizes_from_args(args: argparse.Namespace) -> list[int]:
             raise ValueError("--racks needs a positive --workers-per-rack")
         return [args.workers_per_rack] * args.racks
     return list(args.rack_sizes)
+
+
+def racks_from(text: str) -> RackPrior:
+    """An argparse type: ``slurm`` or ``hostnames:REGEX`` (``dssync.topology.prior``)."""
+    try:
+        return parse_racks_from(text)
+    except TopologyError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--racks-from ")) from None
+
+
+RACKS_FROM_HELP = (
+    "racks you already know, as a prior the measurement checks: slurm (SLURM's topology, "
+    "`scontrol show topology`: a leaf switch is a rack) or hostnames:REGEX (the first group of REGEX "
+    "in each host name, DSSYNC_HOST else the hostname, names its rack). The probe still measures; "
+    "it keeps the measured rack of every worker it is sure of and the prior's for the rest, and "
+    "says on stderr and in topology.json (confidence.prior_disagrees) where the two disagree")
+
+
+def add_racks_from_option(parser: argparse.ArgumentParser, where: str = "") -> None:
+    """``--racks-from slurm|hostnames:REGEX`` (``args.racks_from``: a ``RackPrior`` or ``None``)."""
+    parser.add_argument("--racks-from", type=racks_from, default=None, metavar="slurm|hostnames:REGEX",
+                        help=RACKS_FROM_HELP + where)
 
 
 def add_topology_options(parser: argparse.ArgumentParser) -> None:

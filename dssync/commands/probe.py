@@ -6,9 +6,9 @@ import argparse
 import time
 from pathlib import Path
 
-from dssync.commands._common import parse_rack_sizes
+from dssync.commands._common import add_racks_from_option, parse_rack_sizes
 from dssync.launch import from_environ, run_ranks
-from dssync.probing.probe import BACKENDS, ProbeConfig, probe_rank
+from dssync.probing.probe import BACKENDS, ProbeConfig, host_name, probe_rank
 from dssync.topology import Topology
 
 __all__ = ["add_parser", "confidence_lines", "plot_topology", "run"]
@@ -19,7 +19,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Measure pairwise latency and bandwidth in rounds of disjoint pairs, "
                        "infer the racks, measure each rack's uplink with all its members sending at once, "
                        "and write topology.json. Without a launcher, spawns --nproc local ranks; under "
-                       "one (torchrun, dssync emulate run) runs one rank.")
+                       "one (torchrun, mpirun, horovodrun, dssync emulate run) runs one rank, over torch.distributed "
+                       "when the launcher sets MASTER_ADDR/MASTER_PORT, else over its own library (MPI, "
+                       "Horovod).")
     p.add_argument("--backend", default="builtin", choices=BACKENDS,
                    help="bandwidth between pairs: gloo messages (builtin, default) or iperf3 flows")
     p.add_argument("--out", required=True, metavar="FILE", help="where to write topology.json")
@@ -44,6 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rack-sizes", type=parse_rack_sizes, metavar="A,B,...",
                    help="known racks of consecutive ranks, instead of inferring them (the uplink "
                    "phase still runs)")
+    add_racks_from_option(p, "; not with --rack-sizes. See docs/probing.md")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds any single exchange may wait")
     p.set_defaults(run=run)
 
@@ -70,14 +73,25 @@ def run(args: argparse.Namespace) -> int:
         if len(racks) != world_size:
             raise ValueError(f"--rack-sizes {','.join(map(str, args.rack_sizes))} holds {len(racks)} "
                              f"ranks but the world has {world_size}; make them add up")
-    results = run_ranks(probe_rank, cfg, args.backend, racks, nproc=nproc, timeout_s=args.timeout)
+    # Under mpirun or horovodrun without a torch rendezvous, the probe runs over the
+    # launcher's own library: `mpirun -np 4 dssync probe` works as typed.
+    library = launched.library() if launched is not None else "torch"
+    if args.racks_from is not None:  # a host the prior cannot name fails before any measuring
+        if args.rack_sizes:
+            raise ValueError("give --rack-sizes (racks taken as they are) or --racks-from (racks the "
+                             "measurement checks), not both")
+        args.racks_from.key(host_name(), launched.rank if launched is not None else 0)
+    # base_port (its default, 5301) and the prior by position: run_ranks passes no keywords,
+    # and a partial would hide probe_rank's module from the spawned ranks' preload
+    results = run_ranks(probe_rank, cfg, args.backend, racks, 5301, args.racks_from, nproc=nproc,
+                        timeout_s=args.timeout, backend=library)
     if launched is not None and launched.rank != 0:
         return 0  # rank 0 writes the file, once
     result = results[0]
     # The wall time runs from the process group being ready to the file being written; the
     # plot comes after, it is no part of probing.
     seconds = round(time.time() - result.started_at, 3)
-    topology = result.to_topology({"backend": args.backend, "seconds": seconds,
+    topology = result.to_topology({"backend": args.backend, "library": library, "seconds": seconds,
                                    "message_bytes": cfg.message_bytes, "rounds": result.rounds})
     topology.save(args.out)
     if args.plot:
@@ -95,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
 def confidence_lines(confidence: dict) -> list[str]:
     """What the probe is unsure of, and what to do about it (nothing when it is sure)."""
     lines = []
-    for b in confidence.get("boundaries", []):
+    # with --racks-from, the prior decided the workers of unsure boundaries (weigh_prior said so)
+    for b in [] if confidence.get("racks_from") else confidence.get("boundaries", []):
         if not b["confident"]:
             lines.append(f"racks {b['racks'][0]} and {b['racks'][1]} are told apart with separation "
                          f"{b['separation']} (below {confidence.get('threshold')})")
@@ -110,8 +125,8 @@ def confidence_lines(confidence: dict) -> list[str]:
     elif unsure:
         lines.append(f"workers {unsure} sit almost as close to another rack as to their own")
     if lines:
-        lines.append("to settle it: give the racks (--rack-sizes, or hostnames that name the rack through "
-                     "DSSYNC_HOST), or measure longer (--bandwidth-seconds 1)")
+        lines.append("to settle it: give the racks you know (--racks-from slurm|hostnames:REGEX, or "
+                     "--rack-sizes), or measure longer (--bandwidth-seconds 1)")
     return [f"warning: {line}" for line in lines]
 
 

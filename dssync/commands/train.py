@@ -11,6 +11,7 @@ from typing import Any
 from dssync._jsonfile import check_writable, write_json
 from dssync.bench.provenance import stamp
 from dssync.commands._common import (
+    add_racks_from_option,
     add_topology_options,
     finite_float,
     non_negative_float,
@@ -118,6 +119,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", metavar="OUT", help="write the run's record as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_topology_options(p)
+    add_racks_from_option(p, " (ds-sync, when it probes: not with --topology, --rack-sizes or --racks)")
     p.set_defaults(run=run)
 
 
@@ -151,6 +153,9 @@ def run(args: argparse.Namespace) -> int:
         options["max_pace"] = args.max_pace
     options.update(strategy_settings(args.strategy, args.settings))
     get_strategy(args.strategy).Config(**options)  # a bad setting fails here, before any rank starts
+    if args.racks_from is not None and (args.strategy != "ds-sync" or args.topology or args.rack_sizes or args.racks):
+        raise ValueError("--racks-from applies when ds-sync probes the network: --strategy ds-sync without "
+                         "--topology, --rack-sizes or --racks")
     topology = topology_from_args(args)
     cfg = TrainConfig(
         strategy=args.strategy, task=args.task, steps=args.steps, seed=args.seed,
@@ -158,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         lr_schedule=args.lr_schedule,
         warmup_steps=args.warmup_steps, target_accuracy=args.target_accuracy, eval_every=args.eval_every,
         model_mb=args.model_mb, num_racks=args.racks or 2, topology=topology,
-        probe_first=args.racks is None,
+        probe_first=args.racks is None, racks_from=args.racks_from.source if args.racks_from else None,
         schedule=schedule_from_args(args), strategy_options=options, timeout_s=args.timeout,
         progress=not args.no_progress and sys.stderr.isatty(), backend=args.backend,
         device=args.device, checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, stop_after=args.stop_after,

@@ -55,6 +55,7 @@ from dssync.topology.contention import classify_contention
 from dssync.topology.matrices import SHARP_RATIO, clear_latency, queued_ranks
 from dssync.topology.model import Topology, Worker
 from dssync.topology.placement import RackFit, filled, place_behind_standing_queue, place_blind
+from dssync.topology.prior import RackPrior, weigh_prior
 from dssync.topology.racks import fit_racks
 
 __all__ = [
@@ -138,13 +139,16 @@ def _pairs(comm: Communicator, link: _Link, cfg: ProbeConfig, rounds: list[list[
 
 
 def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
-               racks: list[int] | None = None, base_port: int = 5301) -> ProbeResult:
+               racks: list[int] | None = None, base_port: int = 5301,
+               prior: RackPrior | None = None) -> ProbeResult:
     """Measure the world from this rank; every rank returns the same ``ProbeResult``.
 
     ``backend="iperf3"`` measures pairwise bandwidth with ``iperf3`` (server on port
     ``base_port + rank``) instead of gloo messages; latency and the concurrent uplink phase
     use gloo messages with either backend. ``racks`` (rack per rank, numbered in order of
-    lowest rank) replaces the inferred racks, for a layout known in advance.
+    lowest rank) replaces the inferred racks, for a layout known in advance. ``prior``
+    (``--racks-from``) is racks the user knows, which the measurement checks: it decides the
+    ranks it is sure of, the prior the rest (``dssync.topology.prior.weigh_prior``).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown probe backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
@@ -152,9 +156,10 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
         raise ValueError(f"racks lists {len(racks)} ranks for a world of {comm.world_size}; "
                          "give one rack per rank")
     started_at = time.time()
-    rank, n = comm.rank, comm.world_size
-    link = _Link(rank, cfg.timeout_s)
+    n = comm.world_size
+    link = _Link(comm)
     hosts = [str(h) for h in comm.allgather_object(host_name())]
+    prior_racks = prior.racks(hosts) if prior is not None else None  # --racks-from: a bad host fails here
     comm.barrier()
     payload = torch.zeros(cfg.message_bytes, dtype=torch.uint8)
     rounds = round_robin_rounds(n)
@@ -244,6 +249,8 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
         racks = fit.racks()
     else:
         delays, racks = {}, provisional
+    if prior_racks is not None:  # --racks-from: the measured racks checked against the prior
+        racks, prior_record = weigh_prior(fit, prior_racks, prior.source, report=comm.rank == 0)
     phase_seconds["blasts"] = round(time.time() - started_at - phase_seconds["pairs"], 3)
     # Phase g blasted group g: name it by its final rack. A rack of unplaced ranks alone had none.
     for g, p in enumerate(phases):
@@ -261,5 +268,7 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
                                        for g, p in d.items()} for j, d in delays.items()}
     confidence["phase_seconds"] = phase_seconds
     confidence["pair_passes"] = pair_passes
+    if prior_racks is not None:
+        confidence.update(prior_record)
     return ProbeResult(hosts=hosts, latency_us=latency_us, bandwidth_gbps=bandwidth_gbps, racks=racks,
                        contention=contention, rounds=len(rounds), started_at=started_at, confidence=confidence)

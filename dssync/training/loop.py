@@ -27,6 +27,7 @@ from dssync.probing.probe import ProbeConfig, host_name, probe_rank
 from dssync.strategies import REGISTRY, get_strategy
 from dssync.strategies.base import StrategyContext, hookless_copy
 from dssync.topology import Topology
+from dssync.topology.prior import parse_racks_from
 from dssync.training import checkpoint as ckpt
 from dssync.training.tasks import TASKS, build_task
 
@@ -58,6 +59,9 @@ class TrainConfig:
     probe_first: bool = False
     """Without ``topology``, ds-sync probes the network first when its ranks run on more
     than one host (on one host a probe measures the CPU, and ``num_racks`` applies)."""
+    racks_from: str | None = None
+    """When ds-sync probes: racks the user knows (``slurm`` or ``hostnames:REGEX``), a prior
+    the measurement checks (``dssync.topology.prior``)."""
     topology: Topology | None = None
     schedule: Schedule | None = None
     strategy_options: dict[str, Any] = field(default_factory=dict)
@@ -318,7 +322,8 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
         "time_to_target_s": None if reached is None else reached["wall_s"],
         "iterations_to_target": None if reached is None else reached["step"],
         "schedule_changes": changes,
-        "topology": {"racks": topology.racks(), "contention": {
+        "topology": {"racks": topology.racks(), "probe": None if topology.probe is None else dict(topology.probe),
+                     "contention": {
             k: v for k, v in dict(topology.contention).items() if k in ("uplinks", "nics")}},
         "comm_ms_by_schedule": per_schedule,
         "curve": curve,
@@ -410,12 +415,9 @@ def _probed(comm: Communicator, cfg: TrainConfig) -> Topology | None:
         return None
     if len(set(comm.allgather_object(host_name()))) < 2:
         return None
-    if cfg.backend != "torch":
-        raise TopologyError(f"rank {comm.rank}: the ranks run on several hosts and ds-sync would probe the "
-                            f"network first, which needs torch.distributed; with --backend {cfg.backend} "
-                            "give --topology (from `dssync probe`) or --rack-sizes")
-    result = probe_rank(comm, ProbeConfig(timeout_s=cfg.timeout_s))
-    return result.to_topology({"backend": "builtin", "rounds": result.rounds})
+    result = probe_rank(comm, ProbeConfig(timeout_s=cfg.timeout_s),  # over this job's own library
+                        prior=parse_racks_from(cfg.racks_from) if cfg.racks_from else None)
+    return result.to_topology({"backend": "builtin", "library": cfg.backend, "rounds": result.rounds})
 
 
 def _progress(cfg: TrainConfig, world_size: int) -> tuple[Any, Any]:
