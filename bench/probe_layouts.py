@@ -93,19 +93,20 @@ def kinds(layout: Layout) -> list[str]:
     return [k for k in KINDS if has[k]]
 
 
-def _sizes(rng: random.Random, max_workers: int, feature: str) -> list[int]:
-    """Rack sizes, 2-4 racks of 1-5 workers, 4 to ``max_workers`` in all, shaped for ``feature``."""
+def _sizes(rng: random.Random, max_workers: int, feature: str, min_workers: int = 4) -> list[int]:
+    """Rack sizes, 2-4 racks of 1-5 workers, ``min_workers`` to ``max_workers`` in all, shaped
+    for ``feature``."""
     fits = {"slow_nic_in_rack_of_two": lambda s: 2 in s, "uplinks_at_nic_speed": lambda s: min(s) <= 2,
             "unequal_racks_slow_nic_busy_uplink": lambda s: len(set(s)) > 1}.get(feature, lambda s: True)
     while True:
         sizes = [rng.randint(1, 5) for _ in range(rng.randint(2, 4))]
-        if 4 <= sum(sizes) <= max_workers and fits(sizes):
+        if min_workers <= sum(sizes) <= max_workers and fits(sizes):
             return sizes
 
 
-def _draw(rng: random.Random, max_workers: int, feature: str) -> Layout:
+def _draw(rng: random.Random, max_workers: int, feature: str, min_workers: int = 4) -> Layout:
     """One layout with ``feature`` (one of ``KINDS``) and a random mix of the others."""
-    sizes = _sizes(rng, max_workers, feature)
+    sizes = _sizes(rng, max_workers, feature, min_workers)
     racks = Layout(tuple(sizes)).racks
     ranks = list(range(len(racks)))
 
@@ -137,21 +138,23 @@ def _draw(rng: random.Random, max_workers: int, feature: str) -> Layout:
                   tuple(sorted(busy)))
 
 
-def generate(count: int, seed: int = 0, *, max_workers: int = 9) -> list[Layout]:
+def generate(count: int, seed: int = 0, *, max_workers: int = 9, min_workers: int = 4) -> list[Layout]:
     """``count`` layouts drawn from ``seed`` (the same seed gives the same layouts). Each
     block of ``BLOCK`` layouts features every one of ``KINDS`` ``BLOCK // len(KINDS)`` times,
     in a random order; the rest of each layout is drawn at random, no kind left out."""
     if count < 1:
         raise ValueError(f"need at least one layout, got {count}")
-    if not 4 <= max_workers <= 250:
-        raise ValueError(f"max_workers must lie in 4..250, got {max_workers}")
+    if not 4 <= max_workers <= 20:
+        raise ValueError(f"max_workers must lie in 4..20 (at most 4 racks of 5), got {max_workers}")
+    if not 4 <= min_workers <= max_workers:
+        raise ValueError(f"min_workers must lie in 4..max_workers ({max_workers}), got {min_workers}")
     rng = random.Random(seed)
     features: list[str] = []
     while len(features) < count:
         block = [k for k in KINDS for _ in range(BLOCK // len(KINDS))]
         rng.shuffle(block)
         features += block
-    return [_draw(rng, max_workers, feature) for feature in features[:count]]
+    return [_draw(rng, max_workers, feature, min_workers) for feature in features[:count]]
 
 
 def fair_rates(flows: Sequence[Sequence[Any]], capacity: dict[Any, float]) -> list[float]:
@@ -289,6 +292,7 @@ def score(layout: Layout, topology: dict[str, Any]) -> dict[str, Any]:
         "flags_reported": len(flagged_up or []) + len(flagged_nic),
         "flags_true": len(want_up) + len(want_nic),
         "probe_seconds": topology["probe"]["seconds"],
+        "whole_seconds": topology.get("whole_seconds"),
         "world_size": len(found),
     }
 
@@ -300,6 +304,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     reported = sum(r["flags_reported"] for r in rows)
     true = sum(r["flags_true"] for r in rows)
     seconds = [r["probe_seconds"] for r in rows]
+    whole = [r["whole_seconds"] for r in rows if r.get("whole_seconds") is not None]
 
     def flags_exact(r: dict[str, Any]) -> bool:
         return bool(r["uplinks_exact"]) and bool(r["nics_exact"])
@@ -326,13 +331,16 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "flag_recall": tp / true if true else 1.0,
         "probe_seconds_median": statistics.median(seconds),
         "probe_seconds_max": max(seconds),
+        **({"whole_seconds_median": statistics.median(whole), "whole_seconds_max": max(whole)} if whole else {}),
     }
 
 
 def probe_layout(layout: Layout, *, name: str, probe_args: Sequence[str] = (),
                  timeout_s: float = 300.0) -> dict[str, Any]:
-    """Build ``layout``, put its contention on, run ``dssync probe`` on every worker, and
-    return the topology.json it wrote; the cluster is removed however this ends."""
+    """Build ``layout``, put its contention on, run ``dssync emulate run -- dssync probe``, and
+    return the topology.json it wrote, with ``whole_seconds``: the wall time of that whole
+    command as a user waits for it (start-up, rendezvous, every phase, the file written).
+    The cluster is removed however this ends."""
     from dssync.launch import emulate
 
     with emulate.cluster(list(layout.rack_sizes), name=name), tempfile.TemporaryDirectory() as tmp:
@@ -347,7 +355,10 @@ def probe_layout(layout: Layout, *, name: str, probe_args: Sequence[str] = (),
         if layout.busy_cpus:  # last: the flows above start on idle cores
             emulate.contend(name=name, flows=[("cpu", i) for i in layout.busy_cpus])
         out = Path(tmp) / "topology.json"
-        return emulate.run_dssync(name, ["probe", *probe_args, "--out", str(out)], out, timeout_s=timeout_s)
+        started = time.perf_counter()
+        topology = emulate.run_dssync(name, ["probe", *probe_args, "--out", str(out)], out, timeout_s=timeout_s)
+        topology["whole_seconds"] = round(time.perf_counter() - started, 2)
+        return topology
 
 
 def run_layouts(layouts: Sequence[Layout], *, name: str = "pbl", probe_args: Sequence[str] = (),

@@ -23,6 +23,7 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
     g.add_argument("--count", type=positive_int, default=20, help="layouts to probe (default %(default)s)")
     g.add_argument("--seed", type=int, default=0, help="seed of the layout generator (default %(default)s)")
     g.add_argument("--max-workers", type=positive_int, default=9, help="largest world drawn (default %(default)s)")
+    g.add_argument("--min-workers", type=positive_int, default=4, help="smallest world drawn (default %(default)s)")
     g.add_argument("--probe-args", default="", metavar="ARGS",
                    help="extra `dssync probe` options, one string (e.g. '--bandwidth-seconds 0.5')")
     g.add_argument("--json", metavar="OUT", help="write every row, the summary and the raw topologies")
@@ -38,15 +39,16 @@ def run_probe_layouts(args: argparse.Namespace) -> int:
 
     from dssync.bench.probe_layouts import generate, run_layouts
 
-    layouts = generate(args.count, args.seed, max_workers=args.max_workers)
+    layouts = generate(args.count, args.seed, max_workers=args.max_workers, min_workers=args.min_workers)
     console = Console()
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("probing layouts", total=len(layouts))
         result = run_layouts(layouts, probe_args=shlex.split(args.probe_args),
                              report=lambda row: progress.advance(task))
     table = Table(title=f"dssync probe on {len(layouts)} random layouts (seed {args.seed})")
-    for col in ("#", "layout", "answer", "racks", "uplinks found/true", "NICs found/true", "unplaced", "probe s"):
-        table.add_column(col, justify="right" if col in ("#", "probe s") else "left")
+    for col in ("#", "layout", "answer", "racks", "uplinks found/true", "NICs found/true", "unplaced", "probe s",
+                "whole s"):
+        table.add_column(col, justify="right" if col in ("#", "probe s", "whole s") else "left")
     for k, row in enumerate(result["rows"]):
         answer = "exact" if row["exact"] else "same network" if row["same_network"] else (
             "WRONG" + (" (confident)" if row["wrong_confident"] else " (unsure)"))
@@ -55,7 +57,7 @@ def run_probe_layouts(args: argparse.Namespace) -> int:
         racks = "exact" if row["racks_exact"] else f"{row['racks_found']}"
         table.add_row(str(k), row["layout"], answer, racks, f"{row['uplinks_found']}/{row['uplinks_true']}",
                       f"{row['nics_found']}/{row['nics_true']}", str(row["unplaced"] or "-"),
-                      f"{row['probe_seconds']:.1f}")
+                      f"{row['probe_seconds']:.1f}", f"{row['whole_seconds']:.1f}")
     console.print(table)
     for k, row in enumerate(result["rows"]):
         if row["difference"]:
@@ -67,8 +69,10 @@ def run_probe_layouts(args: argparse.Namespace) -> int:
                   f"{s['racks_exact']}/{n} (racks that can be the same network {s['racks_same_network']}/{n}), "
                   f"flags exact {s['flags_exact']}/{n}, flag precision "
                   f"{s['flag_precision']:.3f} recall {s['flag_recall']:.3f}, probe time median "
-                  f"{s['probe_seconds_median']:.1f} s max {s['probe_seconds_max']:.1f} s")
+                  f"{s['probe_seconds_median']:.1f} s max {s['probe_seconds_max']:.1f} s, the whole `dssync emulate "
+                  f"run -- dssync probe` median {s['whole_seconds_median']:.1f} s max {s['whole_seconds_max']:.1f} s")
     if args.json:
-        command = f"dssync bench probe-layouts --count {args.count} --seed {args.seed} --max-workers {args.max_workers}"
+        command = (f"dssync bench probe-layouts --count {args.count} --seed {args.seed} --max-workers {args.max_workers}"
+                   f" --min-workers {args.min_workers}")
         write_json(args.json, stamp({"command": command, "probe_args": args.probe_args, **result}, args.provenance))
     return 0
