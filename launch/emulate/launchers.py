@@ -58,7 +58,7 @@ def launcher_argv(c: Cluster, launcher: str, command: Sequence[str], workdir: Pa
         ssh = workdir / "ssh"  # Horovod starts remote ranks with the ssh on its PATH
         ssh.write_text(f"#!/bin/sh\nexec {shlex.join(_agent(c.name))} \"$@\"\n")
         ssh.chmod(0o755)
-        return [_tool("horovodrun"), "-np", n, "-H", hosts, "--gloo", "--network-interface", "eth0",
+        return [_tool("horovodrun"), "-np", n, "-H", hosts, "--gloo", "--network-interfaces", "eth0", "--disable-cache",
                 "--start-timeout", "120", *command]
     raise ValueError(f"unknown launcher {launcher!r}; choose one of: {', '.join(LAUNCHERS)}")
 
@@ -78,21 +78,27 @@ def _worker_of(c: Cluster, host: str) -> int:
                          f"(workers are {c.worker_addr(0)}..{c.worker_addr(c.world_size - 1)})")
 
 
+def _options_stripped(args: list[str]) -> list[str]:
+    """``args`` without the ssh options in front (``-o KEY=VALUE``, ``-p PORT``, ``-x``, ...)."""
+    rest = list(args)
+    while rest and rest[0].startswith("-") and len(rest[0]) >= 2:
+        option = rest.pop(0)
+        if len(option) == 2 and option[1] in _SSH_VALUE_OPTIONS and rest:
+            rest.pop(0)
+    return rest
+
+
 def agent_main(argv: Sequence[str]) -> int:
     """``agent --name NAME [ssh options] HOST COMMAND...``: run COMMAND in HOST's namespace."""
     args = list(argv)
     if len(args) < 2 or args[0] != "--name":
         raise SystemExit("usage: python -m dssync.launch.emulate.agent --name NAME [ssh options] HOST COMMAND...")
     c = load_state(args[1])
-    rest = args[2:]
-    while rest and rest[0].startswith("-"):
-        option = rest.pop(0)
-        if len(option) == 2 and option[1] in _SSH_VALUE_OPTIONS and rest:
-            rest.pop(0)
+    rest = _options_stripped(args[2:])
     if len(rest) < 2:
         raise SystemExit(f"agent: no host and command in {list(argv)!r}")
     rank = _worker_of(c, rest[0])
-    command = " ".join(rest[1:])
+    command = " ".join(_options_stripped(rest[1:]))  # ssh also takes options after the host
     argv_out = ["ip", "netns", "exec", c.worker_ns(rank), "env", f"DSSYNC_HOST=w{rank}", "sh", "-c", command]
     if rank in c.cpu_limit:  # join the worker's CPU cgroup first (outside the namespace's /sys)
         argv_out = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(_cpu_cgroup(c.name, rank)),
