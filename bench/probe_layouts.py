@@ -59,6 +59,15 @@ class Layout:
     nic_flows: tuple[int, ...] = ()  # ranks with a background flow through their NIC
     busy_cpus: tuple[int, ...] = ()  # ranks whose host runs a busy loop (not a network property)
 
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> Layout:
+        """The layout a record's ``spec`` (``asdict`` through JSON) describes."""
+        return cls(rack_sizes=tuple(spec["rack_sizes"]),
+                   slow_uplinks={int(k): v for k, v in spec.get("slow_uplinks", {}).items()},
+                   slow_nics={int(k): v for k, v in spec.get("slow_nics", {}).items()},
+                   uplink_flows=tuple(spec.get("uplink_flows", ())), nic_flows=tuple(spec.get("nic_flows", ())),
+                   busy_cpus=tuple(spec.get("busy_cpus", ())))
+
     @property
     def racks(self) -> list[int]:
         return [rack for rack, size in enumerate(self.rack_sizes) for _ in range(size)]
@@ -359,6 +368,15 @@ def probe_layout(layout: Layout, *, name: str, probe_args: Sequence[str] = (),
         topology = emulate.run_dssync(name, ["probe", *probe_args, "--out", str(out)], out, timeout_s=timeout_s)
         topology["whole_seconds"] = round(time.perf_counter() - started, 2)
         return topology
+
+
+def rescore(record: dict[str, Any]) -> dict[str, Any]:
+    """A probe-layouts record's rows and summary scored again by today's rules, from the
+    layouts and the raw topologies it holds (the measurement itself is not repeated)."""
+    rows = [score(Layout.from_spec(row["spec"]), topology)
+            for row, topology in zip(record["rows"], record["topologies"], strict=True)]
+    return {"rows": rows, "summary": summarize(rows), "topologies": record["topologies"],
+            "wall_seconds": record.get("wall_seconds")}
 
 
 def run_layouts(layouts: Sequence[Layout], *, name: str = "pbl", probe_args: Sequence[str] = (),

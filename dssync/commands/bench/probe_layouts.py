@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from dssync._jsonfile import write_json
 from dssync.bench.provenance import stamp
@@ -27,6 +28,9 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
     g.add_argument("--probe-args", default="", metavar="ARGS",
                    help="extra `dssync probe` options, one string (e.g. '--bandwidth-seconds 0.5')")
     g.add_argument("--json", metavar="OUT", help="write every row, the summary and the raw topologies")
+    g.add_argument("--rescore", metavar="RECORD",
+                   help="score the layouts and topologies of an earlier --json RECORD by today's rules "
+                   "instead of probing (the record keeps its measured provenance as `measured`)")
     g.set_defaults(run=_outputs_checked(run_probe_layouts))
 
 
@@ -39,12 +43,25 @@ def run_probe_layouts(args: argparse.Namespace) -> int:
 
     from dssync.bench.probe_layouts import generate, run_layouts
 
-    layouts = generate(args.count, args.seed, max_workers=args.max_workers, min_workers=args.min_workers)
     console = Console()
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("probing layouts", total=len(layouts))
-        result = run_layouts(layouts, probe_args=shlex.split(args.probe_args),
-                             report=lambda row: progress.advance(task))
+    measured = None
+    if args.rescore:
+        import json
+        import re
+
+        from dssync.bench.probe_layouts import rescore
+
+        earlier = json.loads(Path(args.rescore).read_text())
+        result, measured = rescore(earlier), earlier.get("provenance")
+        seed = re.search(r"--seed (\S+)", earlier.get("command", ""))
+        args.seed = seed.group(1) if seed else "?"
+    else:
+        layouts = generate(args.count, args.seed, max_workers=args.max_workers, min_workers=args.min_workers)
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task("probing layouts", total=len(layouts))
+            result = run_layouts(layouts, probe_args=shlex.split(args.probe_args),
+                                 report=lambda row: progress.advance(task))
+    layouts = result["rows"]
     table = Table(title=f"dssync probe on {len(layouts)} random layouts (seed {args.seed})")
     for col in ("#", "layout", "answer", "racks", "uplinks found/true", "NICs found/true", "unplaced", "probe s",
                 "whole s"):
@@ -57,7 +74,8 @@ def run_probe_layouts(args: argparse.Namespace) -> int:
         racks = "exact" if row["racks_exact"] else f"{row['racks_found']}"
         table.add_row(str(k), row["layout"], answer, racks, f"{row['uplinks_found']}/{row['uplinks_true']}",
                       f"{row['nics_found']}/{row['nics_true']}", str(row["unplaced"] or "-"),
-                      f"{row['probe_seconds']:.1f}", f"{row['whole_seconds']:.1f}")
+                      f"{row['probe_seconds']:.1f}",
+                      "-" if row.get("whole_seconds") is None else f"{row['whole_seconds']:.1f}")
     console.print(table)
     for k, row in enumerate(result["rows"]):
         if row["difference"]:
@@ -69,10 +87,15 @@ def run_probe_layouts(args: argparse.Namespace) -> int:
                   f"{s['racks_exact']}/{n} (racks that can be the same network {s['racks_same_network']}/{n}), "
                   f"flags exact {s['flags_exact']}/{n}, flag precision "
                   f"{s['flag_precision']:.3f} recall {s['flag_recall']:.3f}, probe time median "
-                  f"{s['probe_seconds_median']:.1f} s max {s['probe_seconds_max']:.1f} s, the whole `dssync emulate "
-                  f"run -- dssync probe` median {s['whole_seconds_median']:.1f} s max {s['whole_seconds_max']:.1f} s")
+                  f"{s['probe_seconds_median']:.1f} s max {s['probe_seconds_max']:.1f} s" + (
+                      f", the whole `dssync emulate run -- dssync probe` median {s['whole_seconds_median']:.1f} s max "
+                      f"{s['whole_seconds_max']:.1f} s" if "whole_seconds_median" in s else ""))
     if args.json:
         command = (f"dssync bench probe-layouts --count {args.count} --seed {args.seed} --max-workers {args.max_workers}"
                    f" --min-workers {args.min_workers}")
-        write_json(args.json, stamp({"command": command, "probe_args": args.probe_args, **result}, args.provenance))
+        if args.rescore:
+            command = f"dssync bench probe-layouts --rescore {args.rescore}"
+        extra = {"measured": measured} if measured else {}
+        write_json(args.json, stamp({"command": command, "probe_args": args.probe_args, **extra, **result},
+                                    args.provenance))
     return 0
