@@ -6,9 +6,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
+import socket
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from .contention import _sweep_cpu_cgroups
 from .shaping import _shape_nic, _shape_uplink, check_support
@@ -51,8 +54,21 @@ def up(rack_sizes: Sequence[int], *, nic: str = "1gbit", uplink: str = "1gbit",
     return c
 
 
+#: Per-namespace files ``ip netns exec`` mounts over /etc (iproute2's convention).
+NETNS_ETC = Path("/etc/netns")
+
+
+def _hosts_file(ns: str, addr: str) -> None:
+    """The host name resolves to the namespace's own address inside it, as a real host's
+    does: the namespaces share one host name, and a library that binds to whatever it
+    resolves to (Horovod's gloo for process sets) would otherwise bind to loopback."""
+    (NETNS_ETC / ns).mkdir(parents=True, exist_ok=True)
+    (NETNS_ETC / ns / "hosts").write_text(f"127.0.0.1 localhost\n{addr} {socket.gethostname()}\n")
+
+
 def _attach(c: Cluster, ns: str, fabric_dev: str, bridge: str, addr: str) -> None:
     _sh("ip", "netns", "add", ns)
+    _hosts_file(ns, addr)
     _ip(c.fabric, "link", "add", fabric_dev, "type", "veth", "peer", "name", "eth0", "netns", ns)
     _ip(c.fabric, "link", "set", fabric_dev, "master", bridge, "up")
     _ip(ns, "addr", "add", f"{addr}/16", "dev", "eth0")
@@ -112,6 +128,7 @@ def down(name: str = DEFAULT_NAME) -> list[str]:
         time.sleep(0.05)  # killed processes still hold their namespace until reaped
     for ns in sorted(names):
         _sh("ip", "netns", "del", ns, check=False)
+        shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
     _sweep_cpu_cgroups(name)
     state.unlink(missing_ok=True)
     return sorted(names)
