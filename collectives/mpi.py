@@ -61,8 +61,9 @@ class _MPIWork:
         self._requests, self._describe, self._timeout_s = requests, describe, timeout_s
         self._scale, self._keep = scale, keep  # keep: buffers MPI writes until done
         # fast: point-to-point messages that time a path (the probe's pings) poll at most
-        # every 20 µs, not 0.5 ms, so the wait adds nothing a round trip would show
-        self._max_delay = 2e-5 if fast else 5e-4
+        # every 0.1 ms, not 0.5 ms: a wait adds little to a round trip, while eight ranks'
+        # waiting threads polling every 20 µs took the CPU that their streams needed on 2 cores
+        self._max_delay = 1e-4 if fast else 5e-4
 
     def wait(self) -> None:
         from mpi4py import MPI

@@ -5,9 +5,11 @@ Each rank listens on the address of the interface the library itself uses
 (``HOROVOD_GLOO_IFACE``, else ``GLOO_SOCKET_IFNAME``; loopback when neither is set and every
 rank is on this host), the addresses are exchanged once with the library's own allgather,
 and a rank opens one connection to each peer it sends to, the first time it does. A message
-is a frame (tag, length, bytes); a thread per incoming connection files each under its
-sender and tag, and the ``k``-th receive posted for a (sender, tag) takes the ``k``-th message
-that arrived for it, so messages between two ranks on one tag arrive in order, as with
+is a frame (tag, length, bytes). A receive reads from its sender's connection in the
+waiting thread itself (one reader per connection at a time; a frame for another receive is
+filed under its sender and tag on the way), so a message costs no hand-off between threads,
+and the ``k``-th receive posted for a (sender, tag) takes the ``k``-th message that arrived
+for it, so messages between two ranks on one tag arrive in order, as with
 ``torch.distributed`` or MPI. Sends to one peer go out in the order they were posted, from
 a thread of their own, so ``isend`` does not block. Every wait has the timeout and names
 both ranks and the tag; a peer whose connection closed is named as such.
@@ -21,6 +23,7 @@ import socket
 import struct
 import subprocess
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -97,14 +100,7 @@ class _Recv:
         self._mesh, self._key, self._index, self._tensor, self._describe = mesh, key, index, tensor, describe
 
     def wait(self) -> None:
-        mesh, key = self._mesh, self._key
-        with mesh.cond:
-            mesh.cond.wait_for(lambda: self._index in mesh.inbox[key] or key[0] in mesh.closed,
-                               timeout=mesh.timeout_s)
-            if self._index not in mesh.inbox[key]:
-                why = "the connection closed before the message came" if key[0] in mesh.closed else "timed out"
-                raise CommunicationError(f"{self._describe}: {why}")
-            data = mesh.inbox[key].pop(self._index)
+        data = self._mesh.next_message(self._key, self._index, self._describe)
         flat = self._tensor.view(-1).view(torch.uint8)
         if len(data) > flat.numel():
             raise CommunicationError(f"{self._describe}: a message of {len(data)} bytes does not fit "
@@ -130,7 +126,8 @@ class SocketMesh:
         self.inbox: dict[tuple[int, int], dict[int, bytearray]] = defaultdict(dict)
         self._arrived: dict[tuple[int, int], int] = defaultdict(int)
         self._posted: dict[tuple[int, int], int] = defaultdict(int)
-        self.closed: set[int] = set()
+        self._in: dict[int, socket.socket] = {}  # sender -> its connection to this rank
+        self._in_lock: dict[int, threading.Lock] = {}  # one reader at a time per connection
         self._out: dict[int, tuple[socket.socket, ThreadPoolExecutor]] = {}
         self._out_lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True, name=f"dssync-p2p-accept-{rank}").start()
@@ -142,31 +139,60 @@ class SocketMesh:
                 sock, _ = self._listener.accept()
             except OSError:
                 return  # closed
-            threading.Thread(target=self._read, args=(sock,), daemon=True).start()
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            hello = bytearray(_HELLO.size)
+            if not _recv_exact(sock, memoryview(hello)):
+                continue
+            (src,) = _HELLO.unpack(hello)
+            with self.cond:
+                self._in[src] = sock
+                self._in_lock.setdefault(src, threading.Lock())
+                self.cond.notify_all()
 
-    def _read(self, sock: socket.socket) -> None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        hello = bytearray(_HELLO.size)
-        if not _recv_exact(sock, memoryview(hello)):
-            return
-        (src,) = _HELLO.unpack(hello)
-        head = bytearray(_FRAME.size)
-        try:
-            while _recv_exact(sock, memoryview(head)):
-                tag, size = _FRAME.unpack(head)
-                data = bytearray(size)
-                if not _recv_exact(sock, memoryview(data)):
-                    break
-                with self.cond:
-                    key = (src, tag)
-                    self.inbox[key][self._arrived[key]] = data
-                    self._arrived[key] += 1
-                    self.cond.notify_all()
-        except OSError:
-            pass
+    def next_message(self, key: tuple[int, int], index: int, describe: str) -> bytearray:
+        """The ``index``-th message from ``key`` = (sender, tag): read from the sender's
+        connection in the calling thread (messages for other receives are filed on the way),
+        so a message costs no hand-off between threads."""
+        src = key[0]
+        deadline = time.monotonic() + self.timeout_s
         with self.cond:
-            self.closed.add(src)
-            self.cond.notify_all()
+            if not self.cond.wait_for(lambda: src in self._in or index in self.inbox[key],
+                                      timeout=self.timeout_s):
+                raise CommunicationError(f"{describe}: timed out (no connection from rank {src})")
+            if index in self.inbox[key]:
+                return self.inbox[key].pop(index)
+            sock, lock = self._in[src], self._in_lock[src]
+        head = bytearray(_FRAME.size)
+        while True:
+            with self.cond:
+                if index in self.inbox[key]:
+                    return self.inbox[key].pop(index)
+            if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                raise CommunicationError(f"{describe}: timed out")
+            try:
+                with self.cond:  # filed by another reader while this one waited for the lock
+                    if index in self.inbox[key]:
+                        return self.inbox[key].pop(index)
+                sock.settimeout(max(1e-3, deadline - time.monotonic()))
+                try:
+                    if not _recv_exact(sock, memoryview(head)):
+                        raise CommunicationError(f"{describe}: the connection closed before the message came")
+                    tag, size = _FRAME.unpack(head)
+                    data = bytearray(size)
+                    if not _recv_exact(sock, memoryview(data)):
+                        raise CommunicationError(f"{describe}: the connection closed before the message came")
+                except TimeoutError:
+                    raise CommunicationError(f"{describe}: timed out") from None
+                except OSError as exc:
+                    raise CommunicationError(f"{describe}: the connection closed before the message came "
+                                             f"({exc})") from None
+                with self.cond:
+                    got = (src, tag)
+                    self.inbox[got][self._arrived[got]] = data
+                    self._arrived[got] += 1
+                    self.cond.notify_all()
+            finally:
+                lock.release()
 
     def irecv(self, tensor: torch.Tensor, src: int, tag: int, describe: str) -> _Recv:
         with self.cond:
