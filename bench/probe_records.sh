@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The prober's records on seeded random layouts (issue 37's measure): 20 layouts each on
+# seeds 0, 1 and 2 at 4-9 workers, and 5 layouts of 16 workers, each built, probed with the
+# whole `dssync emulate run -- dssync probe` timed, and scored by the same-network rule.
+# SEEDS="2" bash bench/probe_records.sh runs a subset (names: 0 1 2 16w). Needs root;
+# about 15 minutes a seed on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dssync=${DSSYNC:-.venv/bin/dssync}
+r=bench/results
+record() {  # NAME ARGS...: the record NAME.json and its console output NAME.txt, headed by its provenance
+    local name=$1; shift
+    local cmd="dssync bench probe-layouts $* --json $r/$name.json"
+    "$dssync" bench probe-layouts "$@" --json "$r/$name.json" > "$r/$name.txt.new"
+    {
+        echo "# console output of \`$cmd\` at commit $(git rev-parse --short HEAD), $(date -u +%FT%TZ), $(nproc) cores (the record: $name.json)"
+        cat "$r/$name.txt.new"
+    } > "$r/$name.txt"
+    rm -f "$r/$name.txt.new"
+}
+for s in ${SEEDS:-0 1 2 16w}; do
+    if [[ $s == 16w ]]; then
+        record probe-layouts-16w --count 5 --seed 16 --min-workers 16 --max-workers 16
+    else
+        record "probe-layouts-v2-seed$s" --count 20 --seed "$s"
+    fi
+done
