@@ -174,18 +174,19 @@ class SocketMesh:
                     if index in self.inbox[key]:
                         return self.inbox[key].pop(index)
                 sock.settimeout(max(1e-3, deadline - time.monotonic()))
+                closed = f"{describe}: the connection closed before the message came"
                 try:
-                    if not _recv_exact(sock, memoryview(head)):
-                        raise CommunicationError(f"{describe}: the connection closed before the message came")
-                    tag, size = _FRAME.unpack(head)
-                    data = bytearray(size)
-                    if not _recv_exact(sock, memoryview(data)):
-                        raise CommunicationError(f"{describe}: the connection closed before the message came")
+                    whole = _recv_exact(sock, memoryview(head))
+                    if whole:
+                        tag, size = _FRAME.unpack(head)
+                        data = bytearray(size)
+                        whole = _recv_exact(sock, memoryview(data))
                 except TimeoutError:
                     raise CommunicationError(f"{describe}: timed out") from None
                 except OSError as exc:
-                    raise CommunicationError(f"{describe}: the connection closed before the message came "
-                                             f"({exc})") from None
+                    raise CommunicationError(f"{closed} ({exc})") from None
+                if not whole:
+                    raise CommunicationError(closed)
                 with self.cond:
                     got = (src, tag)
                     self.inbox[got][self._arrived[got]] = data
@@ -227,6 +228,10 @@ class SocketMesh:
 
     def close(self) -> None:
         self._listener.close()
+        with self.cond:
+            for sock in self._in.values():
+                sock.close()
+            self._in.clear()
         with self._out_lock:
             for sock, sender in self._out.values():
                 sender.shutdown(wait=False)
