@@ -52,6 +52,9 @@ class RackFit:
     #: no metric separated cleanly, yet one of them clustered the ranks into several racks:
     #: the single rack written is a fallback, not a finding, and every rank is unsure
     split_unseparated: bool = False
+    #: ranks whose rack-mates the probe's last pass over the pairs still changed
+    #: (``dssync.probing.probe.settle_racks``): unsure, whatever their margins
+    unsettled: set[int] = field(default_factory=set)
 
     @property
     def unplaced(self) -> list[int]:
@@ -85,7 +88,8 @@ class RackFit:
                                    "separation": round(sep, 3) if np.isfinite(sep) else None,
                                    "confident": bool(sep >= CONFIDENT_MARGIN)})
         unsure = sorted({i for i, m in self.margins.items() if m < CONFIDENT_MARGIN and len(self.groups) > 1}
-                        | self.tentative | (set(range(self.n)) if self.split_unseparated else set()))
+                        | self.tentative | self.unsettled
+                        | (set(range(self.n)) if self.split_unseparated else set()))
         return {
             "metric": self.metric,
             "threshold": CONFIDENT_MARGIN,
@@ -95,6 +99,7 @@ class RackFit:
             "unplaced": self.unplaced,
             "unsure": unsure,
             "one_rack_guess": self.split_unseparated,
+            "unsettled": sorted(self.unsettled),
             "confident": not self.unplaced and not unsure,
         }
 

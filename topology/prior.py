@@ -306,7 +306,7 @@ def weigh_prior(fit: RackFit, prior: Sequence[int], source: str, *,
     or could not place (``resolve_racks``). The record: ``racks_from`` (``source``, the
     ``prior`` and ``measured`` racks, and ``prior_decides``, the ranks whose rack the
     prior decided), ``prior_disagrees`` (``disagreements``: measured against prior, whoever
-    won), and ``unsure``, ``unplaced`` and ``one_rack_guess`` without what the prior decided.
+    won), and ``unsure``, ``unplaced``, ``one_rack_guess`` and ``unsettled`` without what the prior decided.
     The rest of ``confidence`` (``confident``, ``boundaries``) describes the measurement,
     racks numbered as in ``racks_from.measured``. With ``report``, disagreements (and racks
     the prior decided) are said on stderr, each line a warning.
@@ -321,6 +321,7 @@ def weigh_prior(fit: RackFit, prior: Sequence[int], source: str, *,
         "unsure": [j for j in conf["unsure"] if j not in decided],
         "unplaced": [j for j in conf["unplaced"] if j not in decided],
         "one_rack_guess": conf["one_rack_guess"] and not decided,  # the prior's racks are written instead
+        "unsettled": [j for j in conf["unsettled"] if j not in decided],
     }
     if report:
         lines = describe_disagreements(source, entries)

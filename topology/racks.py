@@ -150,6 +150,10 @@ def fit_racks(
         # flows, pings of 80 against 130 us split its three workers, and on a 4,1 layout one
         # round trip of 1.9 ms (192 us the other way) split four rack-mates three ways.
         metric, ranks, dist, labels = "bandwidth", clear, None, [0] * len(clear)
+        # ... unless bandwidth clustered them apart too, unseparated: then one rack is a guess
+        # (3,2,4 on a busy host: rack-mates' flows at up to 2.8x the nearest cost, the racks'
+        # cross flows at 5-13x, and neither metric's clusters clean)
+        split_unseparated = any(c[0] == "bandwidth" and len(set(found)) > 1 for c, found in labelled)
     if metric == "latency":
         blind = [i for i in range(n) if i not in ranks]  # latency does not see NIC rates, only queues
     groups_by_label: dict[int, list[int]] = {}

@@ -119,11 +119,15 @@ def confidence_lines(confidence: dict) -> list[str]:
     if unplaced:
         lines.append(f"could not place workers {unplaced}: every flow of theirs is held back by their own NIC "
                      "and no measurement showed which uplink they share; each is written as a rack of its own")
+    unsettled = confidence.get("unsettled", [])
+    if unsettled:
+        lines.append(f"workers {unsettled} changed racks between the last two passes over the pairs "
+                     "(a busy host's measurements disagree): their racks are a guess")
     if confidence.get("one_rack_guess"):
         lines.append("the workers are not one uniform rack, yet no split of them into racks was clean: "
                      "written as one rack")
-    elif unsure:
-        lines.append(f"workers {unsure} sit almost as close to another rack as to their own")
+    elif set(unsure) - set(unsettled):
+        lines.append(f"workers {sorted(set(unsure) - set(unsettled))} sit almost as close to another rack as to their own")
     if lines:
         lines.append("to settle it: give the racks you know (--racks-from slurm|hostnames:REGEX, or "
                      "--rack-sizes), or measure longer (--bandwidth-seconds 1)")

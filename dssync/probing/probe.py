@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,7 @@ __all__ = [
     "interface_address",
     "probe_rank",
     "round_robin_rounds",
+    "settle_racks",
 ]
 
 BACKENDS = ("builtin", "iperf3")
@@ -105,6 +107,43 @@ def best_paths(*passes: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.n
     highest bandwidth."""
     latency = np.stack([np.where(lat > 0, lat, np.inf) for lat, _ in passes]).min(axis=0)
     return np.where(np.isfinite(latency), latency, 0.0), np.stack([bw for _, bw in passes]).max(axis=0)
+
+
+#: Passes of the pairs phase at most before the racks are taken as they stand.
+MAX_PAIR_PASSES = 3
+
+
+def _rack_mates(racks: list[int]) -> list[frozenset[int]]:
+    return [frozenset(j for j, r in enumerate(racks) if r == racks[i]) for i in range(len(racks))]
+
+
+def settle_racks(first: tuple[np.ndarray, np.ndarray], measure: Callable[[], tuple[np.ndarray, np.ndarray]],
+                 fit: Callable[[np.ndarray, np.ndarray], RackFit], max_passes: int = MAX_PAIR_PASSES,
+                 ) -> tuple[np.ndarray, np.ndarray, RackFit, int]:
+    """Passes of the pairs phase until the racks settle: ``(latency_us, bandwidth_gbps,
+    fit, passes)``, the matrices each path's best over the passes (``best_paths``).
+
+    One pass is one sample of a noisy host: a rank whose CPU was taken by other work in its
+    round measures slow flows to its rack-mates, and one such pass can split a rack with
+    a margin the fit calls confident (on two cores with another job's flows, one pass of the
+    ``inter-rack`` layout put rank 5 in a rack of its own at a separation of 1.5). A busy CPU
+    only ever makes a path look slower, so every further pass keeps each path's best, and the
+    racks are settled when one more pass leaves every rank with the same rack-mates. At most
+    ``max_passes`` (at least 2); where the last pass still moved ranks, those ranks are
+    ``unsettled``, which the confidence reports as unsure: the probe does not know them."""
+    passes = [first]
+    current = fit(*first)
+    while len(passes) < max(2, max_passes):
+        passes.append(measure())
+        latest = fit(*best_paths(*passes))
+        moved = {i for i, (a, b) in enumerate(zip(_rack_mates(current.racks()), _rack_mates(latest.racks()),
+                                                   strict=True)) if a != b}
+        current = latest
+        if not moved:
+            break
+    else:
+        current.unsettled = moved
+    return (*best_paths(*passes), current, len(passes))
 
 
 def _pairs(comm: Communicator, link: _Link, cfg: ProbeConfig, rounds: list[list[tuple[int, int]]],
@@ -171,20 +210,14 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
             comm.barrier()  # every server started before any client connects
         latency_us, bandwidth_gbps = _pairs(comm, link, cfg, rounds, payload, iperf)
         known = racks is not None
-        fit = (RackFit(n=n, groups=[[i for i in range(n) if racks[i] == r] for r in sorted(set(racks))],
-                       metric="given") if known else fit_racks(latency_us, bandwidth_gbps, hosts))
-        pair_passes = 1
-        if not known and not fit.confidence()["confident"]:
-            # Every pair once more, each path's best of the two kept: a host whose CPU is
-            # busy with other work only ever makes a path look slower (late pings, a stream
-            # that waited for the core), while a slow link or another job's queue is slow in
-            # both passes. On two cores shared with another job, the 3,2,4 and 2,3,3 layouts
-            # now and then split a rack on one pass, and the fit said it was unsure. Every
-            # rank fits the same gathered matrices, so all take this branch or none.
-            latency_us, bandwidth_gbps = best_paths((latency_us, bandwidth_gbps),
-                                                    _pairs(comm, link, cfg, rounds, payload, iperf))
-            fit = fit_racks(latency_us, bandwidth_gbps, hosts)
-            pair_passes = 2
+        if known:
+            fit = RackFit(n=n, groups=[[i for i in range(n) if racks[i] == r] for r in sorted(set(racks))],
+                          metric="given")
+            pair_passes = 1
+        else:
+            latency_us, bandwidth_gbps, fit, pair_passes = settle_racks(
+                (latency_us, bandwidth_gbps), lambda: _pairs(comm, link, cfg, rounds, payload, iperf),
+                lambda lat, bw: fit_racks(lat, bw, hosts))
     finally:
         if iperf is not None:
             iperf.close()

@@ -323,6 +323,7 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
         "iterations_to_target": None if reached is None else reached["step"],
         "schedule_changes": changes,
         "topology": {"racks": topology.racks(), "probe": None if topology.probe is None else dict(topology.probe),
+                     "confidence": None if topology.confidence is None else dict(topology.confidence),
                      "contention": {
             k: v for k, v in dict(topology.contention).items() if k in ("uplinks", "nics")}},
         "comm_ms_by_schedule": per_schedule,
