@@ -16,18 +16,24 @@ HOROVOD_STAMP := $(VENV)/.horovod-installed
 demo: install
 	$(VENV)/bin/dssync demo
 
+# The suite on TEST_WORKERS pytest-xdist workers (most tests wait on processes, sockets and
+# timeouts more than on the CPU); the emulated networks are one group, run one after
+# another on one worker (tests/conftest.py), beside the rest.
+TEST_WORKERS ?= 3
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
+
 # The launcher tests need Horovod: built once per torch (about 15 minutes on 2 cores) into
 # ~/.cache/dssync, outside the checkout, and installed from there on every later run.
 test: install horovod
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PYTEST)
 
 # The whole suite again with one core kept busy by another process (a spinning Python loop
 # at normal priority), as on a shared machine; the spinner ends with the suite, however it ends.
 test-busy: install horovod
 	$(PY) -m ruff check .
 	$(PY) -c "while True: pass" & busy=$$!; trap "kill $$busy" EXIT; \
-	  echo "one core kept busy by process $$busy"; $(PY) -m pytest -q -p no:cacheprovider
+	  echo "one core kept busy by process $$busy"; $(PYTEST)
 
 install: system-deps $(STAMP)
 
