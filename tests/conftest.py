@@ -12,22 +12,11 @@ import time
 import uuid
 from pathlib import Path
 
-import pytest
-
 MARK = "DSSYNC_TEST_SESSION"
 
 
 def pytest_configure(config):
     os.environ.setdefault(MARK, uuid.uuid4().hex)
-
-
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``make test``: ``-n N --dist loadgroup``) the emulated tests are one
-    group, run one after another on one worker: each builds a cluster and measures it, and
-    two at once would share the cores their bandwidth is limited by."""
-    for item in items:
-        if item.get_closest_marker("emulate"):
-            item.add_marker(pytest.mark.xdist_group("emulate"))
 
 
 def _marked() -> dict[int, str]:
