@@ -22,25 +22,21 @@ demo: install
 # two shared cores limit). Both always run; the target fails if either did.
 TEST_WORKERS ?= 3
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
+SUITE = status=0; $(PYTEST) -m "not emulate" -n $(TEST_WORKERS) || status=$$?; \
+	$(PYTEST) -m emulate || status=$$?; exit $$status
 
 # The launcher tests need Horovod: built once per torch (about 15 minutes on 2 cores) into
 # ~/.cache/dssync, outside the checkout, and installed from there on every later run.
 test: install horovod
 	$(PY) -m ruff check .
-	status=0; \
-	$(PYTEST) -m "not emulate" -n $(TEST_WORKERS) || status=$$?; \
-	$(PYTEST) -m emulate || status=$$?; \
-	exit $$status
+	$(SUITE)
 
 # The whole suite again with one core kept busy by another process (a spinning Python loop
 # at normal priority), as on a shared machine; the spinner ends with the suite, however it ends.
 test-busy: install horovod
 	$(PY) -m ruff check .
 	$(PY) -c "while True: pass" & busy=$$!; trap "kill $$busy" EXIT; \
-	  echo "one core kept busy by process $$busy"; status=0; \
-	  $(PYTEST) -m "not emulate" -n $(TEST_WORKERS) || status=$$?; \
-	  $(PYTEST) -m emulate || status=$$?; \
-	  exit $$status
+	  echo "one core kept busy by process $$busy"; $(SUITE)
 
 install: system-deps $(STAMP)
 

@@ -126,8 +126,8 @@ def confidence_lines(confidence: dict) -> list[str]:
     if confidence.get("one_rack_guess"):
         lines.append("the workers are not one uniform rack, yet no split of them into racks was clean: "
                      "written as one rack")
-    elif set(unsure) - set(unsettled):
-        lines.append(f"workers {sorted(set(unsure) - set(unsettled))} sit almost as close to another rack as to their own")
+    elif close := sorted(set(unsure) - set(unsettled)):
+        lines.append(f"workers {close} sit almost as close to another rack as to their own")
     if lines:
         lines.append("to settle it: give the racks you know (--racks-from slurm|hostnames:REGEX, or "
                      "--rack-sizes), or measure longer (--bandwidth-seconds 1)")

@@ -131,11 +131,12 @@ def settle_racks(first: tuple[np.ndarray, np.ndarray], measure: Callable[[], tup
     racks are settled when one more pass leaves every rank with the same rack-mates. At most
     ``max_passes`` (at least 2); where the last pass still moved ranks, those ranks are
     ``unsettled``, which the confidence reports as unsure: the probe does not know them."""
-    passes = [first]
+    passes, best = [first], first
     current = fit(*first)
     while len(passes) < max(2, max_passes):
         passes.append(measure())
-        latest = fit(*best_paths(*passes))
+        best = best_paths(*passes)
+        latest = fit(*best)
         moved = {i for i, (a, b) in enumerate(zip(_rack_mates(current.racks()), _rack_mates(latest.racks()),
                                                    strict=True)) if a != b}
         current = latest
@@ -143,7 +144,7 @@ def settle_racks(first: tuple[np.ndarray, np.ndarray], measure: Callable[[], tup
             break
     else:
         current.unsettled = moved
-    return (*best_paths(*passes), current, len(passes))
+    return (*best, current, len(passes))
 
 
 def _pairs(comm: Communicator, link: _Link, cfg: ProbeConfig, rounds: list[list[tuple[int, int]]],

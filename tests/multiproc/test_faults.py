@@ -66,17 +66,11 @@ def _listening(pids: list[int] | None = None) -> set[int]:
     return ports
 
 
-#: The emulated tests' own clusters (tests/emulate/conftest.py names them ``dst<pid>``), which
-#: come and go while these tests run beside them (``make test`` runs the suite on several
-#: pytest-xdist workers): not what a fault test's job could have left.
-EMULATED_TESTS = re.compile(r"(dssync-)?dst\d+-")
-
-
 def _host_state() -> tuple[list[str], list[str]]:
     """Network namespaces and the cgroup tree (two levels): what an emulated job would leave."""
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split("\n")
-    groups = sorted(str(p) for p in Path("/sys/fs/cgroup").glob("*/*") if p.is_dir() and not EMULATED_TESTS.match(p.name))
-    return sorted(x.split()[0] for x in netns if x.strip() and not EMULATED_TESTS.match(x.split()[0])), groups
+    groups = sorted(str(p) for p in Path("/sys/fs/cgroup").glob("*/*") if p.is_dir())
+    return sorted(x.split()[0] for x in netns if x.strip()), groups
 
 
 @pytest.fixture
