@@ -52,7 +52,7 @@ class RackFit:
     #: no metric separated cleanly, yet one of them clustered the ranks into several racks:
     #: the single rack written is a fallback, not a finding, and every rank is unsure
     split_unseparated: bool = False
-    #: ranks whose rack-mates the probe's last pass over the pairs still changed
+    #: ranks whose rack-mates change when the probe's racks are fitted with one pass over the pairs left out
     #: (``dssync.probing.probe.settle_racks``): unsure, whatever their margins
     unsettled: set[int] = field(default_factory=set)
 

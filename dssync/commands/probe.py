@@ -121,7 +121,7 @@ def confidence_lines(confidence: dict) -> list[str]:
                      "and no measurement showed which uplink they share; each is written as a rack of its own")
     unsettled = confidence.get("unsettled", [])
     if unsettled:
-        lines.append(f"workers {unsettled} changed racks between the last two passes over the pairs "
+        lines.append(f"workers {unsettled} change racks when one pass over the pairs is left out "
                      "(a busy host's measurements disagree): their racks are a guess")
     if confidence.get("one_rack_guess"):
         lines.append("the workers are not one uniform rack, yet no split of them into racks was clean: "

@@ -127,23 +127,31 @@ def settle_racks(first: tuple[np.ndarray, np.ndarray], measure: Callable[[], tup
     round measures slow flows to its rack-mates, and one such pass can split a rack with
     a margin the fit calls confident (on two cores with another job's flows, one pass of the
     ``inter-rack`` layout put rank 5 in a rack of its own at a separation of 1.5). A busy CPU
-    only ever makes a path look slower, so every further pass keeps each path's best, and the
-    racks are settled when one more pass leaves every rank with the same rack-mates. At most
-    ``max_passes`` (at least 2); where the last pass still moved ranks, those ranks are
-    ``unsettled``, which the confidence reports as unsure: the probe does not know them."""
-    passes, best = [first], first
-    current = fit(*first)
-    while len(passes) < max(2, max_passes):
-        passes.append(measure())
+    only ever makes a path look slower, so the answer is fitted on each path's best over all
+    passes, and it is settled when no single pass decides it: leaving out any one pass (the
+    jackknife over passes) gives every rank the same rack-mates. A margin alone is no such
+    proof: three passes of ``inter-rack+nic`` whose later passes stopped moving the ranks once
+    gave a wrong answer at a separation of 2.7, which its first pass alone had not given.
+
+    At least 2 passes and at most ``max_passes``; where some pass still decides a rank after
+    the last one, the ranks whose rack-mates it changes are ``unsettled``, which the
+    confidence reports as unsure: the probe does not know them."""
+    passes = [first]
+    while True:
+        if len(passes) < 2:
+            passes.append(measure())
+            continue
         best = best_paths(*passes)
-        latest = fit(*best)
-        moved = {i for i, (a, b) in enumerate(zip(_rack_mates(current.racks()), _rack_mates(latest.racks()),
-                                                   strict=True)) if a != b}
-        current = latest
-        if not moved:
+        current = fit(*best)
+        mates = _rack_mates(current.racks())
+        moved: set[int] = set()
+        for k in range(len(passes)):
+            without = _rack_mates(fit(*best_paths(*passes[:k], *passes[k + 1:])).racks())
+            moved |= {i for i, (a, b) in enumerate(zip(mates, without, strict=True)) if a != b}
+        if not moved or len(passes) >= max(2, max_passes):
             break
-    else:
-        current.unsettled = moved
+        passes.append(measure())
+    current.unsettled = moved
     return (*best, current, len(passes))
 
 
