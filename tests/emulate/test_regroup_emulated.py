@@ -73,7 +73,7 @@ def test_ds_sync_paces_the_racks_behind_a_contended_uplink(name, tmp_path):
     """``inter-rack``: the single cross-rack pair gets a fraction of rack 0's uplink against the
     background streams, several times an intra-rack group's time, so the first regrouping
     lets the racks exchange only every few rounds (dssync's pace; the racks stay as planned)."""
-    changes = regrouping_run("inter-rack", name, tmp_path, "--model-mb", "1", "--steps", "60")["schedule_changes"]
+    changes = regrouping_run("inter-rack", name, tmp_path, "--model-mb", "1", "--steps", "80")["schedule_changes"]
     assert len(changes) >= 2 and "racks exchange every" in changes[1]["reason"], changes[1:]
     pace = int(changes[1]["reason"].split("racks exchange every ")[1].split()[0])
     assert 2 <= pace <= 4
