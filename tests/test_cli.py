@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,6 +16,23 @@ from dssync.topology import Topology
 def dssync(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "dssync.cli", *map(str, args)],
                           capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+def in_process(capsys, monkeypatch, *args):
+    """``dssync args`` run by ``dssync.cli.main`` in this process, as ``subprocess.run``
+    would report it (``returncode``, ``stdout``, ``stderr``): for refusals, which must come
+    before any rank or file exists, without paying a Python and torch start-up each. That a
+    refusal at the shell is the same one line is ``test_a_refusal_at_the_shell_is_one_line``."""
+    from dssync import cli
+
+    monkeypatch.setattr(cli, "raise_on_sigterm", lambda: None)  # pytest keeps its own SIGTERM
+    capsys.readouterr()
+    try:
+        code = cli.main([str(a) for a in args])
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out, stderr=err)
 
 
 def assert_one_line_error(proc, *needles):
@@ -328,14 +346,14 @@ def test_tune_sync_switch_writes_a_policy_that_a_recurring_job_reuses(tmp_path):
     (["--device", "cuda", "--strategy", "ssp"], "ssp keeps its model on the CPU"),
     (["--nproc", "100000"], "--nproc 100000: 100000 local ranks need about"),
 ])
-def test_train_refuses_bad_flags_on_one_line_before_anything_runs(tmp_path, args, needle):
+def test_train_refuses_bad_flags_on_one_line_before_anything_runs(tmp_path, args, needle, capsys, monkeypatch):
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     if "--strategy" not in args:
         args = ["--strategy", "ds-sync", *args]
     before = sorted(tmp_path.rglob("*"))
     if "--nproc" not in args:
         args = ["--nproc", "2", *args]
-    proc = dssync("train", "--steps", "3", *args)
+    proc = in_process(capsys, monkeypatch, "train", "--steps", "3", *args)
     assert proc.returncode == 2
     assert_one_line_error(proc, needle.replace("{tmp}", str(tmp_path)))
     assert sorted(tmp_path.rglob("*")) == before  # nothing written
@@ -347,9 +365,9 @@ def test_train_refuses_bad_flags_on_one_line_before_anything_runs(tmp_path, args
     (["--max-period", "-3"], "--max-period: '-3' must be 1 or more"),
     (["--message-mb", "nan"], "--message-mb: 'nan' is not a finite number"),
 ])
-def test_plan_refuses_bad_flags_on_one_line(tmp_path, args, needle):
+def test_plan_refuses_bad_flags_on_one_line(tmp_path, args, needle, capsys, monkeypatch):
     out = tmp_path / "schedule.json"
-    assert_one_line_error(dssync("plan", "--rack-sizes", "4,4", "--out", out, *args), needle)
+    assert_one_line_error(in_process(capsys, monkeypatch, "plan", "--rack-sizes", "4,4", "--out", out, *args), needle)
     assert not out.exists()
 
 
@@ -360,10 +378,20 @@ def test_plan_refuses_bad_flags_on_one_line(tmp_path, args, needle):
     (["--racks-from", "hostnames:.", "--rack-sizes", "1,1"], "give --rack-sizes (racks taken as they are) or "
                                                              "--racks-from"),
 ])
-def test_probe_refuses_racks_from_it_cannot_use_on_one_line_before_any_rank_starts(tmp_path, args, needle):
+def test_probe_refuses_racks_from_it_cannot_use_on_one_line_before_any_rank_starts(tmp_path, args, needle, capsys,
+                                                                                   monkeypatch):
     out = tmp_path / "topology.json"
-    assert_one_line_error(dssync("probe", "--out", out, *args), needle)
+    assert_one_line_error(in_process(capsys, monkeypatch, "probe", "--out", out, *args), needle)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("args", [["train", "--nproc", "2", "--steps", "3", "--lr", "nan"],
+                                  ["plan", "--rack-sizes", "4,4", "--pace", "0"]])
+def test_a_refusal_at_the_shell_is_one_line(tmp_path, args):
+    proc = dssync(*args, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert_one_line_error(proc, "is not a finite number" if "--lr" in args else "must be 1 or more")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_probe_racks_from_slurm_without_slurm_says_so(tmp_path):

@@ -23,16 +23,21 @@ from dssync.probing.measure import ProbeConfig, _Iperf3, _Link, _ping_pong, _str
 from dssync.topology.contention import fan_clears, nic_suspects
 
 
-def round_robin_rounds(num_ranks: int) -> list[list[tuple[int, int]]]:
+def round_robin_rounds(num_ranks: int, relabel: int = 0) -> list[list[tuple[int, int]]]:
     """Rounds of disjoint pairs in which every pair of ``0..num_ranks-1`` meets exactly once.
 
     Circle method: rank ``n-1`` (or a bye when ``n`` is odd) stays put while the others
     rotate one place per round; ``n - 1`` rounds for even ``n``, ``n`` for odd. Pairs are
-    ``(low, high)``.
+    ``(low, high)``. ``relabel`` > 0 runs the circle over the ranks in an order drawn from
+    that seed (the same on every rank), so each pair meets in the company of other pairs:
+    a pair's rate on a busy host depends on what else its round carries, and passes over
+    the same rounds would repeat that bias exactly, where passes over different ones do not.
     """
     if num_ranks < 1:
         raise ValueError(f"need at least one rank to schedule, got {num_ranks}")
-    players: list[int | None] = list(range(num_ranks)) + ([None] if num_ranks % 2 else [])
+    order = (list(range(num_ranks)) if relabel <= 0
+             else [int(r) for r in np.random.default_rng(relabel).permutation(num_ranks)])
+    players: list[int | None] = order + ([None] if num_ranks % 2 else [])
     m = len(players)
     rounds = []
     for _ in range(m - 1):

@@ -16,6 +16,7 @@ the phases (pairs, blasts, fans). Every name is importable from here as before.
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import time
@@ -224,8 +225,10 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
                           metric="given")
             pair_passes = 1
         else:
+            # Each later pass meets the pairs in other company (``round_robin_rounds``' relabel).
+            later = (round_robin_rounds(n, relabel=k) if not cfg.isolated else rounds for k in itertools.count(1))
             latency_us, bandwidth_gbps, fit, pair_passes = settle_racks(
-                (latency_us, bandwidth_gbps), lambda: _pairs(comm, link, cfg, rounds, payload, iperf),
+                (latency_us, bandwidth_gbps), lambda: _pairs(comm, link, cfg, next(later), payload, iperf),
                 lambda lat, bw: fit_racks(lat, bw, hosts))
     finally:
         if iperf is not None:

@@ -22,9 +22,10 @@ def dssync(*args):
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.parametrize("relabel", [0, 1, 7])
 @pytest.mark.parametrize("n", range(1, 13))
-def test_round_robin_meets_every_pair_once_in_disjoint_rounds(n):
-    rounds = round_robin_rounds(n)
+def test_round_robin_meets_every_pair_once_in_disjoint_rounds(n, relabel):
+    rounds = round_robin_rounds(n, relabel=relabel)
     assert len(rounds) == (0 if n == 1 else n - 1 if n % 2 == 0 else n)
     seen = [pair for pairs in rounds for pair in pairs]
     assert sorted(seen) == list(itertools.combinations(range(n), 2))  # each pair exactly once
@@ -32,6 +33,21 @@ def test_round_robin_meets_every_pair_once_in_disjoint_rounds(n):
         ranks = [r for pair in pairs for r in pair]
         assert len(ranks) == len(set(ranks))  # disjoint: nobody measures twice at once
         assert len(pairs) == n // 2  # everyone busy but the bye
+
+
+@pytest.mark.parametrize("n", [6, 8, 9, 16])
+def test_later_passes_meet_the_pairs_in_other_company(n):
+    """The passes after the first relabel the circle: most pairs share their round with
+    other pairs than in the first pass (what a busy round does to a pair is not repeated),
+    and every rank draws the same rounds."""
+    def company(rounds):
+        return {pair: frozenset(pairs) - {pair} for pairs in rounds for pair in pairs}
+
+    first = company(round_robin_rounds(n))
+    for k in (1, 2):
+        again = company(round_robin_rounds(n, relabel=k))
+        assert round_robin_rounds(n, relabel=k) == round_robin_rounds(n, relabel=k)
+        assert sum(first[p] != again[p] for p in first) >= len(first) // 2
 
 
 def test_a_blast_gives_every_rank_a_flow_and_no_more_than_the_larger_side_has():

@@ -31,7 +31,7 @@ def racks_of(topo, group):
     return {topo.rack_of(r) for r in group}
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(contended_layouts())
 def test_contended_links_are_in_pairs_every_round_and_the_plan_mixes(layout):
     sizes, slow_uplinks, slow_nics = layout
@@ -159,7 +159,7 @@ def test_bad_contention_entries_are_refused():
 
 
 # -- paced plans (dssync's extension) ---------------------------------------------------------
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(contended_layouts(), st.integers(2, 5))
 def test_a_paced_plan_crosses_racks_only_every_pace_rounds_and_still_mixes(layout, pace):
     sizes, slow_uplinks, slow_nics = layout
