@@ -21,7 +21,8 @@ demo: install
 # emulated networks one at a time, alone on the machine (their probes measure bandwidth that
 # two shared cores limit). Both always run; the target fails if either did.
 TEST_WORKERS ?= 3
-PYTEST := $(PY) -m pytest -q -p no:cacheprovider
+# --durations: the slowest tests of each pass, in the log, for keeping the suite under 30 minutes.
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider --durations=15
 SUITE = status=0; $(PYTEST) -m "not emulate" -n $(TEST_WORKERS) || status=$$?; \
 	$(PYTEST) -m emulate || status=$$?; exit $$status
 
