@@ -137,11 +137,8 @@ def settle_racks(first: tuple[np.ndarray, np.ndarray], measure: Callable[[], tup
     At least 2 passes and at most ``max_passes``; where some pass still decides a rank after
     the last one, the ranks whose rack-mates it changes are ``unsettled``, which the
     confidence reports as unsure: the probe does not know them."""
-    passes = [first]
+    passes = [first, measure()]
     while True:
-        if len(passes) < 2:
-            passes.append(measure())
-            continue
         best = best_paths(*passes)
         current = fit(*best)
         mates = _rack_mates(current.racks())
