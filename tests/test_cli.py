@@ -5,9 +5,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
+from cli_runner import run_main
 
 from dssync.planning.schedule import Schedule
 from dssync.topology import Topology
@@ -19,20 +19,9 @@ def dssync(*args, cwd=None):
 
 
 def in_process(capsys, monkeypatch, *args):
-    """``dssync args`` run by ``dssync.cli.main`` in this process, as ``subprocess.run``
-    would report it (``returncode``, ``stdout``, ``stderr``): for refusals, which must come
-    before any rank or file exists, without paying a Python and torch start-up each. That a
-    refusal at the shell is the same one line is ``test_a_refusal_at_the_shell_is_one_line``."""
-    from dssync import cli
-
-    monkeypatch.setattr(cli, "raise_on_sigterm", lambda: None)  # pytest keeps its own SIGTERM
-    capsys.readouterr()
-    try:
-        code = cli.main([str(a) for a in args])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+    """``dssync args`` in this process (``cli_runner.run_main``); that a refusal at the shell
+    is the same one line is ``test_a_refusal_at_the_shell_is_one_line``."""
+    return run_main(list(args), capsys, monkeypatch)
 
 
 def assert_one_line_error(proc, *needles):

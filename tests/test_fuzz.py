@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
+from cli_runner import run_main
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,16 +29,11 @@ def tree(root: Path) -> list[tuple[str, int]]:
 
 def refused(argv: list[str], root: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run ``dssync argv`` in ``root``; assert it failed on one line and wrote nothing there."""
-    monkeypatch.setattr(cli, "raise_on_sigterm", lambda: None)  # pytest keeps its own SIGTERM
     monkeypatch.chdir(root)
     monkeypatch.setenv("DSSYNC_STATE_DIR", str(root / "state"))
     before = tree(root)
-    capsys.readouterr()
-    try:
-        code = cli.main([a.replace("{tmp}", str(root)) for a in argv])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
+    proc = run_main([a.replace("{tmp}", str(root)) for a in argv], capsys, monkeypatch)
+    code, out, err = proc.returncode, proc.stdout, proc.stderr
     assert code not in (0, None), (argv, out[-2000:], err[-2000:])
     assert "Traceback" not in err, err
     lines = err.strip().splitlines()
