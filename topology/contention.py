@@ -8,6 +8,7 @@ from the pairwise flows, the concurrent aggregates and the fans of the probe
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -164,6 +165,34 @@ def classify_contention(
     ``hosts``, a rack that shares a host with another rack is not judged (its cross-rack
     flows need not leave the machine).
     """
+    j = _judge(bandwidth_gbps, racks, uplink_gbps_by_rack, hosts=hosts, slow_ratio=slow_ratio, fans=fans,
+               queued=queued)
+    return {
+        "uplinks": [{"rack": r, "bandwidth_gbps": round(j.report[r], 4)} for r in j.slow_uplinks],
+        "nics": [{"rank": i, "bandwidth_gbps": round(j.nic_gbps[i], 4)} for i in j.slow_nics],
+    }
+
+
+@dataclass
+class _Judgement:
+    """What ``classify_contention`` weighed: the NIC estimates, the uplinks' pairwise egress,
+    aggregates and NIC levels, and what it flagged."""
+
+    slow_ratio: float
+    members: dict[int, list[int]]
+    nic_gbps: dict[int, float]
+    slow_nics: list[int]
+    fan_cleared: set[int]
+    uplink: dict[int, float]
+    aggregate: dict[int, float]
+    nic_level: dict[int, float]
+    slow_uplinks: list[int]
+    report: dict[int, float]
+
+
+def _judge(bandwidth_gbps: Any, racks: Sequence[int], uplink_gbps_by_rack: Sequence[float] | None = None, *,
+           hosts: Sequence[str] | None = None, slow_ratio: float = DEFAULT_SLOW_RATIO,
+           fans: dict[int, dict[str, dict[int, float]]] | None = None, queued: Sequence[int] = ()) -> _Judgement:
     if not 0 < slow_ratio < 1:
         raise ValueError(f"slow_ratio must lie in (0, 1), got {slow_ratio}; 0.6 is the default")
     bw = _square("bandwidth_gbps", bandwidth_gbps)
@@ -183,10 +212,10 @@ def classify_contention(
     best = _nic_estimates(bw, hosts, queued, racks)
     nic_gbps = {i: min(pair) for i, pair in best.items()}
     slow_nics = slow_keys(nic_gbps, slow_ratio) if len(nic_gbps) > 2 else []
-    if fans:  # a fan in every slow direction carried what the paths allow: not the NIC
-        slow_nics = [i for i in slow_nics
-                     if not (i in fans and fans[i] and all(fan_clears(bw, racks, i, d, rates)
-                                                           for d, rates in fans[i].items()))]
+    # a fan in every slow direction carried what the paths allow: not the NIC
+    fan_cleared = {i for i, directions in (fans or {}).items()
+                   if directions and all(fan_clears(bw, racks, i, d, rates) for d, rates in directions.items())}
+    slow_nics = [i for i in slow_nics if i not in fan_cleared]
 
     members = {r: [i for i in range(n) if racks[i] == r] for r in rack_ids}
     clear = [i for i in range(n) if i not in slow_nics]
@@ -213,12 +242,13 @@ def classify_contention(
         shared = set().union(*(rs for rs in host_racks.values() if len(rs) > 1))
         uplink = {r: v for r, v in uplink.items() if r not in shared}
     slow_uplinks = slow_keys(uplink, slow_ratio) if len(uplink) > 1 else []
+    nic_level = {r: float(np.median([nic_gbps[i] for i in members[r] if i in clear and i in nic_gbps]
+                                    or [np.nan])) for r in uplink}
+    aggregate: dict[int, float] = {}
     if uplink_gbps_by_rack is not None and len(uplink) > 1:
         # The aggregate decides when the rack's pairwise egress is itself held back: below
         # slow_ratio of what the rack's own NICs carry (so neither its NICs nor the CPU are
         # what slows the rack when it sends all at once).
-        nic_level = {r: float(np.median([nic_gbps[i] for i in members[r] if i in clear and i in nic_gbps]
-                                        or [np.nan])) for r in uplink}
         held_back = {r for r in uplink if uplink[r] < slow_ratio * nic_level[r]}
         aggregate = {r: float(uplink_gbps_by_rack[r]) for r in uplink if np.isfinite(uplink_gbps_by_rack[r])}
         slow_uplinks = sorted(set(slow_uplinks) | (held_back & set(slow_keys(aggregate, slow_ratio))))
@@ -226,7 +256,60 @@ def classify_contention(
     report = dict(uplink)
     if uplink_gbps_by_rack is not None:
         report.update({r: float(uplink_gbps_by_rack[r]) for r in rack_ids if np.isfinite(uplink_gbps_by_rack[r])})
-    return {
-        "uplinks": [{"rack": r, "bandwidth_gbps": round(report[r], 4)} for r in slow_uplinks],
-        "nics": [{"rank": i, "bandwidth_gbps": round(nic_gbps[i], 4)} for i in slow_nics],
-    }
+    return _Judgement(slow_ratio=slow_ratio, members=members, nic_gbps=nic_gbps, slow_nics=slow_nics,
+                      fan_cleared=fan_cleared, uplink=uplink, aggregate=aggregate, nic_level=nic_level,
+                      slow_uplinks=slow_uplinks, report=report)
+
+
+#: A flag's measured ratio (what a NIC or uplink carried against the others, see
+#: ``classify_contention``) within this factor of the 0.6 rule either way is too close to
+#: call: on two cores a clear uplink's aggregate once read 0.36 against a busy one's 0.18
+#: (ratio 0.49) and a busy one's 0.7 of a clear one's in another run.
+UNSURE_FACTOR = 0.75
+
+
+def _ratios(values: dict[int, float]) -> dict[int, float]:
+    """Each key's value over the median of the other keys' values (``slow_keys``' measure)."""
+    return {k: v / float(np.median([w for j, w in values.items() if j != k]))
+            for k, v in values.items() if len(values) > 1}
+
+
+def unsure_flags(bandwidth_gbps: Any, racks: Sequence[int], uplink_gbps_by_rack: Sequence[float] | None = None,
+                 **kwargs: Any) -> dict[str, list[int]]:
+    """The uplinks (by rack) and NICs (by rank) whose flag ``classify_contention`` (same
+    arguments) cannot be sure of: ``{"uplinks": [...], "nics": [...]}``.
+
+    A flag is decided by a ratio against ``slow_ratio``; one that falls within
+    ``UNSURE_FACTOR`` of it either way (0.45 to 0.8 for 0.6) is a coin toss on a noisy host:
+    a busy CPU only ever lowers a rate, and two passes do not always lift it. An uplink
+    whose pairwise egress is held back below its NICs is decided by its aggregate, else by
+    its pairwise egress. And an uplink left unflagged whose aggregate (all its members
+    sending across at once) stayed below ``slow_ratio`` of one NIC, or of its members'
+    NICs if less, carried less than its NICs allow: either it is slow, or every rack it sent
+    to is (with two racks, both uplinks slow alike leave no rack slower than the others).
+    A NIC a fan cleared is sure."""
+    j = _judge(bandwidth_gbps, racks, uplink_gbps_by_rack, **kwargs)
+    s = j.slow_ratio
+    low, high = UNSURE_FACTOR * s, s / UNSURE_FACTOR
+
+    def close(ratio: float | None) -> bool:
+        return ratio is not None and low <= ratio <= high
+
+    nic_ratio = _ratios(j.nic_gbps) if len(j.nic_gbps) > 2 else {}
+    nics = sorted(i for i, r in nic_ratio.items() if close(r) and i not in j.fan_cleared)
+    pairwise, aggregate = _ratios(j.uplink), _ratios(j.aggregate)
+    one_nic = float(np.median(list(j.nic_gbps.values()))) if j.nic_gbps else float("nan")
+    uplinks = []
+    for r in j.uplink:
+        held_back = j.uplink[r] < s * j.nic_level[r]
+        if r in aggregate and held_back:  # sure either way, or unsure (conflicting evidence included)
+            p, a = pairwise.get(r, 1.0), aggregate[r]
+            unsure = not (p < low or a < low) and not (p >= s and a > high)
+        else:
+            unsure = close(pairwise.get(r))
+        if r in j.aggregate and r not in j.slow_uplinks:
+            members_nics = sum(j.nic_gbps.get(i, 0.0) for i in j.members[r] if i not in j.slow_nics)
+            unsure |= j.aggregate[r] < s * min(one_nic, members_nics or one_nic)
+        if unsure:
+            uplinks.append(r)
+    return {"uplinks": sorted(uplinks), "nics": nics}

@@ -128,6 +128,13 @@ def confidence_lines(confidence: dict) -> list[str]:
                      "written as one rack")
     elif close := sorted(set(unsure) - set(unsettled)):
         lines.append(f"workers {close} sit almost as close to another rack as to their own")
+    flags = confidence.get("flags_unsure") or {}
+    if flags.get("uplinks"):
+        lines.append(f"the uplinks of racks {flags['uplinks']} carried close to the slow-link rule, or less than "
+                     "their NICs allow without standing out from the other racks: whether they are slow is a guess")
+    if flags.get("nics"):
+        lines.append(f"the NICs of workers {flags['nics']} carried close to the slow-link rule: "
+                     "whether they are slow is a guess")
     if lines:
         lines.append("to settle it: give the racks you know (--racks-from slurm|hostnames:REGEX, or "
                      "--rack-sizes), or measure longer (--bandwidth-seconds 1)")

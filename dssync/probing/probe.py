@@ -53,7 +53,7 @@ from dssync.probing.phases import (  # noqa: F401 (re-exported)
     blast_flows,
     round_robin_rounds,
 )
-from dssync.topology.contention import classify_contention
+from dssync.topology.contention import classify_contention, unsure_flags
 from dssync.topology.matrices import SHARP_RATIO, clear_latency, queued_ranks
 from dssync.topology.model import Topology, Worker
 from dssync.topology.placement import RackFit, filled, place_behind_standing_queue, place_blind
@@ -184,6 +184,15 @@ def _pairs(comm: Communicator, link: _Link, cfg: ProbeConfig, rounds: list[list[
     return latency_us, bandwidth_gbps
 
 
+def _aggregates(phases: list[dict[str, Any]], racks: list[int]) -> list[float] | None:
+    """Each rack's blast aggregate in rack order (NaN for a rack that had no blast), from
+    ``phases`` (one per group, named by ``rack``)."""
+    if not phases:
+        return None
+    by_rack = {p["rack"]: p["egress_gbps"] for p in phases if p["flows"]}
+    return [by_rack.get(r, float("nan")) for r in range(max(racks) + 1)]
+
+
 def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
                racks: list[int] | None = None, base_port: int = 5301,
                prior: RackPrior | None = None) -> ProbeResult:
@@ -245,11 +254,7 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
     passes: dict[tuple[int, int, int, str], list[float]] = {}
     full: dict[int, bool] = {}  # group -> its blast filled a queue at a link its members share
     if len(set(provisional)) > 1:
-        # Two passes over the racks, each rack's best kept: a burst of CPU work on a busy
-        # host only ever makes a link look slower, while a contended uplink is slow in both
-        # passes. With one pass, an uncontended rack of the 3,2,4 layout once measured
-        # 0.28 Gbit/s against the contended rack's 0.33 and was flagged with it.
-        for g, members in [*enumerate(fit.groups)] * 2:
+        def blast(g: int, members: list[int]) -> None:
             rack = provisional[members[0]]
             echo = _echo(provisional, rack, pingers, bandwidth_gbps, latency_us, clear_us) if pingers else None
             # a member to spare (two still send), the one the pingers reach fastest at rest,
@@ -272,6 +277,19 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
                 senders and total < SHARP_RATIO * float(sum(out_best[i] for i in senders)))
             for pair, us in waits.items():
                 passes.setdefault((g, *pair, kinds[pair]), []).append(us)
+
+        # Two passes over the racks, each rack's best kept: a burst of CPU work on a busy
+        # host only ever makes a link look slower, while a contended uplink is slow in both
+        # passes. With one pass, an uncontended rack of the 3,2,4 layout once measured
+        # 0.28 Gbit/s against the contended rack's 0.33 and was flagged with it.
+        for g, members in [*enumerate(fit.groups)] * 2:
+            blast(g, members)
+        # A third pass where an uplink's aggregate is too close to call (``unsure_flags``):
+        # a rack whose blast a busy host held back both times may carry its NICs' worth now.
+        if unsure_flags(bandwidth_gbps, provisional, _aggregates(phases, provisional), hosts=hosts,
+                        queued=queued)["uplinks"]:
+            for g, members in enumerate(fit.groups):
+                blast(g, members)
         # A queue is there in both passes, a scheduling hiccup in one: the lower pass counts.
         # The idle time is the lower of the pairs phase's and the blasts': a path that was
         # clear once is not behind a queue of other traffic.
@@ -297,8 +315,7 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
     # Phase g blasted group g: name it by its final rack. A rack of unplaced ranks alone had none.
     for g, p in enumerate(phases):
         p["rack"] = racks[fit.groups[g][0]]
-    by_rack = {p["rack"]: p["egress_gbps"] for p in phases if p["flows"]}
-    aggregates = [by_rack.get(r, float("nan")) for r in range(max(racks) + 1)] if phases else None
+    aggregates = _aggregates(phases, racks)
     fans, fan_record = _fans(comm, link, cfg, bandwidth_gbps, hosts, racks, queued, latency_us, clear_us)
     phase_seconds["fans"] = round(time.time() - started_at - phase_seconds["pairs"] - phase_seconds["blasts"], 3)
     contention: dict[str, Any] = dict(classify_contention(bandwidth_gbps, racks, aggregates, hosts=hosts, fans=fans,
@@ -306,6 +323,13 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
     contention["uplink_aggregates"] = phases
     contention["nic_fans"] = fan_record
     confidence = fit.confidence()
+    # Flags decided by a ratio too close to the rule to call, or an uplink carrying less
+    # than its NICs allow without standing out: the answer is then not confident either.
+    confidence["flags_unsure"] = unsure_flags(bandwidth_gbps, racks, aggregates, hosts=hosts, fans=fans,
+                                              queued=queued)
+    confidence["racks_confident"] = confidence["confident"]
+    if confidence["flags_unsure"]["uplinks"] or confidence["flags_unsure"]["nics"]:
+        confidence["confident"] = False
     confidence["pings_us"] = {str(j): {str(g): {k: [round(during, 1), round(idle, 1)] for k, (during, idle) in p.items()}
                                        for g, p in d.items()} for j, d in delays.items()}
     confidence["phase_seconds"] = phase_seconds

@@ -27,8 +27,9 @@ CASES = {
 
 
 def says_where_it_is_unsure(conf):
-    """The probe's confidence names what it is unsure of: workers, or a boundary."""
-    return bool(conf["unplaced"] or conf["unsure"] or not all(b["confident"] for b in conf["boundaries"]))
+    """The probe's confidence names what it is unsure of: workers, a boundary, or a flag."""
+    return bool(conf["unplaced"] or conf["unsure"] or not all(b["confident"] for b in conf["boundaries"])
+                or conf["flags_unsure"]["uplinks"] or conf["flags_unsure"]["nics"])
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -37,7 +37,8 @@ def test_probe_racks_from_hostnames_that_the_measurement_disagrees_with(name, tm
     assert [w["host"] for w in topo["workers"]] == ["node-0-0", "node-1-1", "node-0-2", "node-1-3"]
     assert conf["racks_from"]["source"] == SOURCE and conf["racks_from"]["prior"] == [0, 1, 0, 1]
     assert conf["racks_from"]["measured"] == [0, 0, 1, 1], out.read_text()
-    assert conf["confident"] and conf["racks_from"]["prior_decides"] == [], out.read_text()
+    # sure of the racks (whether two uplinks slow alike are slow, it need not be)
+    assert conf["racks_confident"] and conf["racks_from"]["prior_decides"] == [], out.read_text()
     assert [w["rack"] for w in topo["workers"]] == [0, 0, 1, 1]  # the measurement's, not the prior's
     assert conf["prior_disagrees"] == [
         {"ranks": [0], "measured_with": [1], "prior_with": [2]},

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from dssync.topology.contention import unsure_flags
 from dssync.topology.infer import (
     classify_contention,
     clear_latency,
@@ -920,3 +921,44 @@ def test_a_quiet_world_settles_after_two_passes():
     world = two_racks([3, 4], 0.3)
     lat, bw, fit, passes = settle_racks(world, lambda: world, fit_racks)
     assert passes == 2 and fit.racks() == layout([3, 4]) and fit.confidence()["confident"]
+
+
+def test_flags_too_close_to_call_are_unsure():
+    """``unsure_flags``: a flag whose ratio sits near the 0.6 rule, or an uplink that carried
+    less than its NICs allow while no rack stood out, is named; clear calls are not."""
+    racks = layout([4, 4])
+    _, bw = matrices(racks, noise=0.05, seed=21)  # cross-rack pairs held back (0.25 of the NICs)
+    assert unsure_flags(bw, racks, [0.91, 0.92]) == {"uplinks": [], "nics": []}  # static: aggregates agree
+    assert unsure_flags(bw, racks, [0.20, 0.90]) == {"uplinks": [], "nics": []}  # rack 0 busy: far below
+    # rack 0's aggregate at 0.62 of rack 1's: flagged or not is a coin toss on a noisy host
+    assert unsure_flags(bw, racks, [0.50, 0.80])["uplinks"] == [0]
+    # both slow alike (two uplinks at 150 Mbit/s): no rack stands out, neither is flagged,
+    # yet both carried a sixth of one NIC
+    assert classify_contention(bw, racks, [0.15, 0.16])["uplinks"] == []
+    assert unsure_flags(bw, racks, [0.15, 0.16])["uplinks"] == [0, 1]
+    # a NIC at 0.55 of the others' estimate is a close call; at 0.3 or 0.9 it is not
+    racks3 = layout([3, 3, 3])
+    for factor, unsure in ((0.55, [1]), (0.3, []), (0.9, [])):
+        _, bw3 = matrices(racks3, inter_gbps=1.0, noise=0.02, seed=22)
+        bw3[1, :] *= factor
+        assert unsure_flags(bw3, racks3)["nics"] == unsure, factor
+
+
+@settings(max_examples=150, deadline=None)
+@given(sizes=st.lists(st.integers(1, 4), min_size=2, max_size=4).filter(lambda s: 4 <= sum(s) <= 9),
+       seed=st.integers(0, 10_000), level=st.floats(0.3, 1.0),
+       ratios=st.lists(st.floats(0.2, 1.0), min_size=4, max_size=4))
+def test_a_flag_that_noise_of_a_quarter_could_flip_is_unsure(sizes, seed, level, ratios):
+    """An oracle of robustness, not of the rule: where a rack's aggregate measured 20 % lower
+    or 25 % higher would flip its flag, the probe cannot be sure of it and must say so.
+    Cross-rack pairs held back (a quarter of the NICs), so the aggregates decide."""
+    racks = layout(sizes)
+    _, bw = matrices(racks, noise=0.1, seed=seed)
+    agg = [level * x for x in ratios[:len(sizes)]]
+    unsure = set(unsure_flags(bw, racks, agg)["uplinks"])
+    flagged = {u["rack"] for u in classify_contention(bw, racks, agg)["uplinks"]}
+    for r in range(len(sizes)):
+        for factor in (0.8, 1.25):
+            moved = [a * factor if k == r else a for k, a in enumerate(agg)]
+            if (r in {u["rack"] for u in classify_contention(bw, racks, moved)["uplinks"]}) != (r in flagged):
+                assert r in unsure, (r, factor, agg, sorted(flagged))
