@@ -33,11 +33,11 @@ def assert_one_line_error(proc, *needles):
         assert needle in err, err
 
 
-def test_plan_writes_a_schedule_that_loads(tmp_path):
+def test_plan_writes_a_schedule_that_loads(tmp_path, capsys, monkeypatch):
     topo = tmp_path / "topology.json"
     Topology.from_rack_sizes([5, 3]).save(topo)
     out = tmp_path / "schedule.json"
-    proc = dssync("plan", topo, "--out", out, "--print")
+    proc = in_process(capsys, monkeypatch, "plan", topo, "--out", out, "--print")
     assert proc.returncode == 0, proc.stderr
     assert "inter-rack group" in proc.stdout and "period 15" in proc.stdout
     schedule = Schedule.load(out)
@@ -45,29 +45,29 @@ def test_plan_writes_a_schedule_that_loads(tmp_path):
     assert json.loads(out.read_text())["rho"] == pytest.approx(schedule.rho)
 
 
-def test_plan_adjusts_for_the_contention_a_topology_records(tmp_path):
+def test_plan_adjusts_for_the_contention_a_topology_records(tmp_path, capsys, monkeypatch):
     topo = tmp_path / "topology.json"
     data = Topology.from_rack_sizes([5, 3]).to_dict()
     data["contention"] = {"uplinks": [{"rack": 0, "bandwidth_gbps": 0.2}],
                           "nics": [{"rank": 4, "bandwidth_gbps": 0.3}]}
     topo.write_text(json.dumps(data))
     out = tmp_path / "schedule.json"
-    proc = dssync("plan", topo, "--out", out)
+    proc = in_process(capsys, monkeypatch, "plan", topo, "--out", out)
     assert proc.returncode == 0, proc.stderr
     assert "adjusted for slow uplinks [0] and NICs [4]" in proc.stdout
     schedule = Schedule.load(out)
     assert all(len(next(g for g in p if 4 in g)) == 2 for p in schedule.period)
 
 
-def test_plan_from_rack_sizes_says_why_it_departs_from_the_paper(tmp_path):
+def test_plan_from_rack_sizes_says_why_it_departs_from_the_paper(tmp_path, capsys, monkeypatch):
     out = tmp_path / "schedule.json"
-    proc = dssync("plan", "--rack-sizes", "4,4", "--slow-nics", "1,2,3", "--out", out)
+    proc = in_process(capsys, monkeypatch, "plan", "--rack-sizes", "4,4", "--slow-nics", "1,2,3", "--out", out)
     assert proc.returncode == 0, proc.stderr
     assert "NICs [1, 2, 3]" in proc.stdout and "note: rack 0: one clear NIC (0)" in proc.stdout
     saved = json.loads(out.read_text())
     assert saved["notes"] == list(Schedule.load(out).notes) and len(saved["notes"]) == 1
-    assert_one_line_error(dssync("plan", "--out", out), "a topology file or --rack-sizes")
-    assert_one_line_error(dssync("plan", "--rack-sizes", "4,4", "--slow-uplinks", "2", "--out", out),
+    assert_one_line_error(in_process(capsys, monkeypatch, "plan", "--out", out), "a topology file or --rack-sizes")
+    assert_one_line_error(in_process(capsys, monkeypatch, "plan", "--rack-sizes", "4,4", "--slow-uplinks", "2", "--out", out),
                           "slow uplink of rack 2")
 
 
@@ -90,7 +90,7 @@ _TWO = '{"version": 1, "workers": [{"rank": 0, "rack": 0}, {"rank": 1, "rack": 1
     (b"\xff\xfe{", "is not UTF-8 text"),
     ("fifo", "is not a regular file"),
 ])
-def test_plan_rejects_malformed_topologies(tmp_path, content, needle):
+def test_plan_rejects_malformed_topologies(tmp_path, content, needle, capsys, monkeypatch):
     topo = tmp_path / "topology.json"
     if content == "fifo":  # reading it would block for ever
         os.mkfifo(topo)
@@ -99,31 +99,31 @@ def test_plan_rejects_malformed_topologies(tmp_path, content, needle):
     else:
         topo.write_text(content)
     out = tmp_path / "schedule.json"
-    assert_one_line_error(dssync("plan", topo, "--out", out), needle, str(topo))
+    assert_one_line_error(in_process(capsys, monkeypatch, "plan", topo, "--out", out), needle, str(topo))
     assert not out.exists()  # nothing half-written
 
 
-def test_train_rejects_bad_input_before_starting_ranks(tmp_path):
-    assert_one_line_error(dssync("train", "--strategy", "nope", "--nproc", "2"),
+def test_train_rejects_bad_input_before_starting_ranks(tmp_path, capsys, monkeypatch):
+    assert_one_line_error(in_process(capsys, monkeypatch, "train", "--strategy", "nope", "--nproc", "2"),
                           "unknown strategy 'nope'", "allreduce, asp, ddp, diloco, ds-sync, gossip, hierarchical, local-sgd, psp, specsync, ssp, sync-switch, torch-hier")
-    assert_one_line_error(dssync("train", "--strategy", "ds-sync", "--task", "imagenet", "--nproc", "2"),
+    assert_one_line_error(in_process(capsys, monkeypatch, "train", "--strategy", "ds-sync", "--task", "imagenet", "--nproc", "2"),
                           "unknown task 'imagenet'")
     topo = tmp_path / "topology.json"
     Topology.from_rack_sizes([2, 2]).save(topo)
-    assert_one_line_error(dssync("train", "--strategy", "ds-sync", "--topology", topo, "--nproc", "8"),
+    assert_one_line_error(in_process(capsys, monkeypatch, "train", "--strategy", "ds-sync", "--topology", topo, "--nproc", "8"),
                           "topology has 4 workers but the job has 8 ranks")
     bad = tmp_path / "schedule.json"
     bad.write_text(json.dumps({"version": 1, "world_size": 4, "period": [[[0, 1], [2, 3]]]}))
-    assert_one_line_error(dssync("train", "--strategy", "ds-sync", "--schedule", bad, "--nproc", "4"),
+    assert_one_line_error(in_process(capsys, monkeypatch, "train", "--strategy", "ds-sync", "--schedule", bad, "--nproc", "4"),
                           "does not mix")
     bad.write_text(json.dumps({"version": 1, "world_size": 4, "period": [[[0, 1, 2], [2, 3]]]}))
-    assert_one_line_error(dssync("train", "--strategy", "ds-sync", "--schedule", bad, "--nproc", "4"),
+    assert_one_line_error(in_process(capsys, monkeypatch, "train", "--strategy", "ds-sync", "--schedule", bad, "--nproc", "4"),
                           "ranks in two groups [2]")
     good = tmp_path / "good.json"
     Schedule(world_size=4, period=(((0, 1, 2, 3),),)).save(good)
-    assert_one_line_error(dssync("train", "--strategy", "ds-sync", "--schedule", good, "--nproc", "2"),
+    assert_one_line_error(in_process(capsys, monkeypatch, "train", "--strategy", "ds-sync", "--schedule", good, "--nproc", "2"),
                           "schedule is for 4 ranks but the job has 2")
-    assert_one_line_error(dssync("train", "--strategy", "ds-sync", "--backend", "horovod", "--nproc", "2"),
+    assert_one_line_error(in_process(capsys, monkeypatch, "train", "--strategy", "ds-sync", "--backend", "horovod", "--nproc", "2"),
                           "--backend horovod")
 
 
@@ -148,8 +148,8 @@ def test_train_writes_the_json_contract(tmp_path):
     (["--slow-nic", "fast"], "--slow-nic wants RANK:RATE"),
     (["--seconds", "0"], "--seconds: '0' must be 1 or more"),
 ])
-def test_probe_backends_rejects_bad_input_before_building_anything(args, needle):
-    proc = dssync("bench", "probe-backends", *args)
+def test_probe_backends_rejects_bad_input_before_building_anything(args, needle, capsys, monkeypatch):
+    proc = in_process(capsys, monkeypatch, "bench", "probe-backends", *args)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert needle in proc.stderr
 
@@ -170,8 +170,8 @@ def test_probe_backends_rejects_bad_input_before_building_anything(args, needle)
     (["--strategy", "ssp", "--set", "staleness=-1"], "staleness must be 0 or more"),
     (["--strategy", "sync-switch", "--set", "switch_at=2"], "switch_at is a fraction of the workload in [0, 1]"),
 ])
-def test_train_rejects_bad_strategy_settings(args, needle):
-    proc = dssync("train", "--nproc", "2", "--steps", "1", *args)
+def test_train_rejects_bad_strategy_settings(args, needle, capsys, monkeypatch):
+    proc = in_process(capsys, monkeypatch, "train", "--nproc", "2", "--steps", "1", *args)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert needle in proc.stderr, proc.stderr
 
@@ -181,8 +181,8 @@ def test_train_rejects_bad_strategy_settings(args, needle):
     (["--bucket-mb", "-2"], "--bucket-mb: '-2' must be 0 or more"),
     (["--flows", "uplink:0"], "flow"),
 ])
-def test_bench_overlap_rejects_bad_input_before_building_anything(args, needle):
-    proc = dssync("bench", "overlap", *args)
+def test_bench_overlap_rejects_bad_input_before_building_anything(args, needle, capsys, monkeypatch):
+    proc = in_process(capsys, monkeypatch, "bench", "overlap", *args)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert needle in proc.stderr
 
@@ -208,8 +208,8 @@ def test_bench_allreduce_reports_nccl_tests_columns_and_no_wrong_elements(tmp_pa
     (["--groups", "everyone"], "--groups is world, racks or a schedule.json file"),
     (["--groups", "racks", "--rack-sizes", "2,2"], "the topology has 4 workers but the job has 8 ranks"),
 ])
-def test_bench_allreduce_rejects_bad_input_before_starting_ranks(args, needle):
-    proc = dssync("bench", "allreduce", *args)
+def test_bench_allreduce_rejects_bad_input_before_starting_ranks(args, needle, capsys, monkeypatch):
+    proc = in_process(capsys, monkeypatch, "bench", "allreduce", *args)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert needle in proc.stderr
 
@@ -222,8 +222,8 @@ def test_bench_allreduce_rejects_bad_input_before_starting_ranks(args, needle):
     (["--cpu", "4"], "write RANK:CORES"),
     (["--repeats", "0"], "--repeats: '0' must be 1 or more"),
 ])
-def test_bench_compare_rejects_bad_input_before_building_anything(args, needle):
-    proc = dssync("bench", "compare", *args)
+def test_bench_compare_rejects_bad_input_before_building_anything(args, needle, capsys, monkeypatch):
+    proc = in_process(capsys, monkeypatch, "bench", "compare", *args)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert needle in proc.stderr
 
@@ -275,22 +275,22 @@ def test_bench_predict_carries_the_measured_iterations_to_target_to_every_scale(
     (["--rack-sizes", "2,2", "--strategies", "allreduce,nope"], "unknown strategy 'nope'"),
     (["--rack-sizes", "2,2", "--iterations", "0"], "--iterations: '0' must be 1 or more"),
 ])
-def test_simulate_rejects_bad_input(args, needle):
-    proc = dssync("simulate", *args)
+def test_simulate_rejects_bad_input(args, needle, capsys, monkeypatch):
+    proc = in_process(capsys, monkeypatch, "simulate", *args)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert needle in proc.stderr
 
 
-def test_plan_paces_the_racks_on_request(tmp_path):
+def test_plan_paces_the_racks_on_request(tmp_path, capsys, monkeypatch):
     topo = tmp_path / "topology.json"
     Topology.from_rack_sizes([4, 4]).save(topo)
     out = tmp_path / "schedule.json"
-    proc = dssync("plan", topo, "--out", out, "--pace", "4")
+    proc = in_process(capsys, monkeypatch, "plan", topo, "--out", out, "--pace", "4")
     assert proc.returncode == 0, proc.stderr
     assert "static, paced by 4" in proc.stdout and "period 16" in proc.stdout
     crossing = [t for t, p in enumerate(Schedule.load(out).period) if any(len({r // 4 for r in g}) > 1 for g in p)]
     assert crossing == [0, 4, 8, 12]
-    bad = dssync("plan", topo, "--out", out, "--pace", "0")
+    bad = in_process(capsys, monkeypatch, "plan", topo, "--out", out, "--pace", "0")
     assert_one_line_error(bad, "--pace: '0' must be 1 or more")
 
 
