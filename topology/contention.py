@@ -163,7 +163,12 @@ def classify_contention(
     held back as well (on ``static`` the cross-rack pairs of a round share the uplink and got
     0.2 to 0.5 Gbit/s); there the aggregates agree (0.91 and 0.92) and nothing is flagged. With
     ``hosts``, a rack that shares a host with another rack is not judged (its cross-rack
-    flows need not leave the machine).
+    flows need not leave the machine). Racks slowed alike: where no rack stands out and
+    every rack's aggregate is below ``slow_ratio`` of one NIC (or of its clear members'
+    NICs, if less), every uplink is flagged: between two racks one uplink rate-limited both
+    ways slows every cross flow whichever rack's it is, so flagging both is the same network,
+    and flagging neither would call a slow network clear. ``unsure_flags`` says which flags
+    are too close to call.
     """
     j = _judge(bandwidth_gbps, racks, uplink_gbps_by_rack, hosts=hosts, slow_ratio=slow_ratio, fans=fans,
                queued=queued)
@@ -188,6 +193,8 @@ class _Judgement:
     nic_level: dict[int, float]
     slow_uplinks: list[int]
     report: dict[int, float]
+    absolute: dict[int, float]
+    alike: bool
 
 
 def _judge(bandwidth_gbps: Any, racks: Sequence[int], uplink_gbps_by_rack: Sequence[float] | None = None, *,
@@ -252,13 +259,26 @@ def _judge(bandwidth_gbps: Any, racks: Sequence[int], uplink_gbps_by_rack: Seque
         held_back = {r for r in uplink if uplink[r] < slow_ratio * nic_level[r]}
         aggregate = {r: float(uplink_gbps_by_rack[r]) for r in uplink if np.isfinite(uplink_gbps_by_rack[r])}
         slow_uplinks = sorted(set(slow_uplinks) | (held_back & set(slow_keys(aggregate, slow_ratio))))
+    # Each rack's aggregate against what one NIC carries (or its clear members' NICs, if
+    # less): an uplink as fast as a NIC carries at least that when its rack sends at once.
+    one_nic = float(np.median(list(nic_gbps.values()))) if nic_gbps else float("nan")
+    absolute = {r: a / min(one_nic, sum(nic_gbps.get(i, 0.0) for i in members[r] if i in clear))
+                for r, a in aggregate.items() if any(i in clear and i in nic_gbps for i in members[r])}
+    # Every rack slow alike: none stands out from the others, yet each carried less than
+    # 0.6 of a NIC. Where one link slows every cross flow (an uplink rate-limited both ways
+    # between two racks), the racks cannot tell whose it is, and flagging all of them is
+    # the same network (every flow of the job still meets the one slow rate).
+    alike = (bool(absolute) and set(absolute) == set(uplink) and not slow_uplinks
+             and all(v < slow_ratio for v in absolute.values()))
+    if alike:
+        slow_uplinks = sorted(uplink)
     # a rack whose blast had no flows (NaN) reports its pairwise figure
     report = dict(uplink)
     if uplink_gbps_by_rack is not None:
         report.update({r: float(uplink_gbps_by_rack[r]) for r in rack_ids if np.isfinite(uplink_gbps_by_rack[r])})
     return _Judgement(slow_ratio=slow_ratio, members=members, nic_gbps=nic_gbps, slow_nics=slow_nics,
                       fan_cleared=fan_cleared, uplink=uplink, aggregate=aggregate, nic_level=nic_level,
-                      slow_uplinks=slow_uplinks, report=report)
+                      slow_uplinks=slow_uplinks, report=report, absolute=absolute, alike=alike)
 
 
 #: A flag's measured ratio (what a NIC or uplink carried against the others, see
@@ -283,11 +303,13 @@ def unsure_flags(bandwidth_gbps: Any, racks: Sequence[int], uplink_gbps_by_rack:
     ``UNSURE_FACTOR`` of it either way (0.45 to 0.8 for 0.6) is a coin toss on a noisy host:
     a busy CPU only ever lowers a rate, and two passes do not always lift it. An uplink
     whose pairwise egress is held back below its NICs is decided by its aggregate, else by
-    its pairwise egress. And an uplink left unflagged whose aggregate (all its members
-    sending across at once) stayed below ``slow_ratio`` of one NIC, or of its members'
-    NICs if less, carried less than its NICs allow: either it is slow, or every rack it sent
-    to is (with two racks, both uplinks slow alike leave no rack slower than the others).
-    A NIC a fan cleared is sure."""
+    its pairwise egress. An uplink left unflagged whose aggregate (all its members sending
+    across at once) stayed at or below ``1 / UNSURE_FACTOR`` times ``slow_ratio`` of one
+    NIC, or of its members' NICs if less, carried less (or nearly) than its NICs allow:
+    either it is slow, or every rack it sent to is. Racks flagged together as slow alike
+    (``classify_contention``), or nearly so, are sure only when each rack's aggregate is
+    above ``1 / UNSURE_FACTOR`` times ``slow_ratio`` of the others' and under
+    ``UNSURE_FACTOR`` times ``slow_ratio`` of a NIC. A NIC a fan cleared is sure."""
     j = _judge(bandwidth_gbps, racks, uplink_gbps_by_rack, **kwargs)
     s = j.slow_ratio
     low, high = UNSURE_FACTOR * s, s / UNSURE_FACTOR
@@ -298,7 +320,13 @@ def unsure_flags(bandwidth_gbps: Any, racks: Sequence[int], uplink_gbps_by_rack:
     nic_ratio = _ratios(j.nic_gbps) if len(j.nic_gbps) > 2 else {}
     nics = sorted(i for i, r in nic_ratio.items() if close(r) and i not in j.fan_cleared)
     pairwise, aggregate = _ratios(j.uplink), _ratios(j.aggregate)
-    one_nic = float(np.median(list(j.nic_gbps.values()))) if j.nic_gbps else float("nan")
+    if j.alike or (j.absolute and set(j.absolute) == set(j.uplink) and all(v < high for v in j.absolute.values())
+                   and all(v >= s for v in aggregate.values())):
+        # all slow alike, or near it: sure only when no rack stands out at all and every
+        # rack is far below its NICs
+        sure = (j.alike and all(v > high for v in aggregate.values())
+                and all(v < low for v in j.absolute.values()))
+        return {"uplinks": [] if sure else sorted(j.uplink), "nics": nics}
     uplinks = []
     for r in j.uplink:
         held_back = j.uplink[r] < s * j.nic_level[r]
@@ -307,9 +335,8 @@ def unsure_flags(bandwidth_gbps: Any, racks: Sequence[int], uplink_gbps_by_rack:
             unsure = not (p < low or a < low) and not (p >= s and a > high)
         else:
             unsure = close(pairwise.get(r))
-        if r in j.aggregate and r not in j.slow_uplinks:
-            members_nics = sum(j.nic_gbps.get(i, 0.0) for i in j.members[r] if i not in j.slow_nics)
-            unsure |= j.aggregate[r] < s * min(one_nic, members_nics or one_nic)
+        if r not in j.slow_uplinks:  # at or near less than its NICs allow
+            unsure |= j.absolute.get(r, 1.0) <= high
         if unsure:
             uplinks.append(r)
     return {"uplinks": sorted(uplinks), "nics": nics}
