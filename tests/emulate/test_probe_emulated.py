@@ -15,13 +15,13 @@ pytestmark = pytest.mark.emulate
 DSSYNC = str(Path(sys.executable).with_name("dssync"))
 
 # (layout, flows of 8 streams, NIC flows of 2 streams, racks, slow uplinks, slow NICs)
-# The uncontended network, the scenario with both kinds of contention, and three racks of
-# unequal size with a shared NIC in the rack of two beside another rack's busy uplink. A busy
-# uplink alone is the launcher test's (two racks of two); every other kind of layout is
-# `bench probe-layouts`' (20 drawn layouts a seed).
+# The uncontended network, and three racks of unequal size with a shared NIC in the rack of
+# two beside another rack's busy uplink. The scenario with both kinds of contention
+# (inter-rack+nic) is test_regroup_emulated's probe before training, a busy uplink alone the
+# launcher test's (two racks of two); every other kind of layout is `bench probe-layouts`'
+# (20 drawn layouts a seed).
 CASES = {
     "static": ("static", [], [], [4, 4], [], []),
-    "inter-rack+nic": ("inter-rack+nic", [], [], [5, 3], [0], [4]),
     "3,2,4": ([3, 2, 4], [("rack", 2)], [("nic", 1)], [3, 2, 4], [2], [1]),
 }
 

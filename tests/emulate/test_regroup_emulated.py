@@ -47,7 +47,9 @@ def test_ds_sync_pairs_the_contended_nic_by_itself(name, tmp_path):
 def test_ds_sync_probes_first_without_a_topology(name, tmp_path):
     """No --topology, --rack-sizes or --racks, ranks on several hosts: ds-sync probes, finds
     the racks and the contention (or says where it is unsure), and starts from the adjusted
-    plan: every NIC the probe flagged in a pair, every round."""
+    plan: every NIC the probe flagged in a pair, every round. The probe's own test of the
+    ``inter-rack+nic`` layout (rack 0's uplink and worker 4's NIC busy) is this one: a
+    confident answer has exactly those racks and flags."""
     spec = emulate.SCENARIOS["inter-rack+nic"]
     out = tmp_path / "run.json"
     with emulate.cluster(spec["rack_sizes"], nic=spec["nic"], uplink=spec["uplink"], name=name):
@@ -61,8 +63,10 @@ def test_ds_sync_probes_first_without_a_topology(name, tmp_path):
     topology = record["topology"]
     assert topology["probe"] is not None
     slow = [n["rank"] for n in topology["contention"]["nics"]]
+    assert 2 <= topology["confidence"]["pair_passes"] <= 3, topology["confidence"]
     if topology["confidence"]["confident"]:  # a confident probe is right (else it says where it is unsure)
         assert topology["racks"] == [[0, 1, 2, 3, 4], [5, 6, 7]] and slow == [4], topology
+        assert [u["rack"] for u in topology["contention"]["uplinks"]] == [0], topology
     else:
         conf = topology["confidence"]
         assert conf["unsure"] or conf["unplaced"] or conf["flags_unsure"]["uplinks"] or conf["flags_unsure"]["nics"], \
