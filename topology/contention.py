@@ -289,9 +289,14 @@ UNSURE_FACTOR = 0.75
 
 
 def _ratios(values: dict[int, float]) -> dict[int, float]:
-    """Each key's value over the median of the other keys' values (``slow_keys``' measure)."""
-    return {k: v / float(np.median([w for j, w in values.items() if j != k]))
-            for k, v in values.items() if len(values) > 1}
+    """Each key's value over the median of the other keys' values (``slow_keys``' measure;
+    others at a median of 0, as a blast whose flows all failed, leave a value far above)."""
+    out = {}
+    for k, v in values.items():
+        others = float(np.median([w for j, w in values.items() if j != k])) if len(values) > 1 else None
+        if others is not None:
+            out[k] = v / others if others > 0 else (float("inf") if v > 0 else 1.0)
+    return out
 
 
 def unsure_flags(bandwidth_gbps: Any, racks: Sequence[int], uplink_gbps_by_rack: Sequence[float] | None = None,

@@ -965,3 +965,11 @@ def test_a_flag_that_noise_of_a_quarter_could_flip_is_unsure(sizes, seed, level,
             moved = [a * factor if k == r else a for k, a in enumerate(agg)]
             if (r in {u["rack"] for u in classify_contention(bw, racks, moved)["uplinks"]}) != (r in flagged):
                 assert r in unsure, (r, factor, agg, sorted(flagged))
+
+
+def test_unsure_flags_take_a_blast_that_carried_nothing():
+    """An aggregate of 0 (a blast whose flows all failed) is a measurement, not a crash."""
+    racks = layout([4, 4])
+    _, bw = matrices(racks, noise=0.05, seed=23)
+    found = unsure_flags(bw, racks, [0.0, 0.0])
+    assert set(found["uplinks"]) <= {0, 1} and found["nics"] == []
