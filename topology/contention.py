@@ -94,14 +94,21 @@ def fan_clears(bandwidth_gbps: Any, racks: Sequence[int], rank: int, direction: 
     return len(alone) >= 2 and float(sum(rates.values())) >= ratio * sum(alone.values())
 
 
+def _ratios(values: dict[int, float]) -> dict[int, float]:
+    """Each key's value over the median of the other keys' values (others at a median of 0,
+    as a blast whose flows all failed, leave a value far above); nothing for one key."""
+    if len(values) < 2:
+        return {}
+    out = {}
+    for k, v in values.items():
+        others = float(np.median([w for j, w in values.items() if j != k]))
+        out[k] = v / others if others > 0 else (float("inf") if v > 0 else 1.0)
+    return out
+
+
 def slow_keys(values: dict[int, float], ratio: float = DEFAULT_SLOW_RATIO) -> list[int]:
     """Keys whose value is below ``ratio`` times the median of the *other* keys' values."""
-    out = []
-    for key, value in values.items():
-        others = [v for k, v in values.items() if k != key]
-        if others and value < ratio * float(np.median(others)):
-            out.append(key)
-    return out
+    return [k for k, r in _ratios(values).items() if r < ratio]
 
 
 def classify_contention(
@@ -286,17 +293,6 @@ def _judge(bandwidth_gbps: Any, racks: Sequence[int], uplink_gbps_by_rack: Seque
 #: call: on two cores a clear uplink's aggregate once read 0.36 against a busy one's 0.18
 #: (ratio 0.49) and a busy one's 0.7 of a clear one's in another run.
 UNSURE_FACTOR = 0.75
-
-
-def _ratios(values: dict[int, float]) -> dict[int, float]:
-    """Each key's value over the median of the other keys' values (``slow_keys``' measure;
-    others at a median of 0, as a blast whose flows all failed, leave a value far above)."""
-    out = {}
-    for k, v in values.items():
-        others = float(np.median([w for j, w in values.items() if j != k])) if len(values) > 1 else None
-        if others is not None:
-            out[k] = v / others if others > 0 else (float("inf") if v > 0 else 1.0)
-    return out
 
 
 def unsure_flags(bandwidth_gbps: Any, racks: Sequence[int], uplink_gbps_by_rack: Sequence[float] | None = None,
