@@ -32,7 +32,16 @@ rank's median intra-rack group, racks exchange every ``k``-th round, ``k`` the s
 pace at which the cross-rack group's extra time, spread over ``k`` rounds, is at most one
 intra-rack group's time: ``ceil(t_cross / t_intra - 1)``, capped at ``max_pace``.
 
-Contention that goes away shows as fast groups again, so the next window's answer drops
+**Two windows in a row** (``settle``): one window's answer changes nothing by itself. A flag
+is set when two windows in a row find its link slow and cleared when two in a row find it
+clear; the pace leaves 1 when two windows in a row ask for more (to the smaller of the two)
+and returns to 1 when two in a row ask for 1. On the emulated cluster (eight ranks and the
+background flows' iperf3 sharing two cores) a clear worker descheduled through a whole
+window came out slow, and its flag hid the slow cross-rack group that the same window
+should have paced; the plan then switched twice for nothing. A contention that persists
+costs one window more before the plan reacts; one that flickers costs nothing.
+
+Contention that goes away shows as fast groups again, so the next windows' answers drop
 it and the plan relaxes. A NIC the plan already isolates is judged by its *median* group of
 the window, not its best: once paired apart, it is in a group of its own every round, so
 its typical group is a fair measure and no other member's wait hides in it. Its best of
@@ -49,9 +58,11 @@ from collections.abc import Iterable, Sequence
 
 from dssync.topology.infer import DEFAULT_SLOW_RATIO, slow_keys
 
-__all__ = ["Record", "cross_rack_pace", "group_bandwidths", "sense_contention"]
+__all__ = ["Record", "Sensed", "cross_rack_pace", "group_bandwidths", "sense_contention", "settle"]
 
 Record = tuple[int, tuple[int, ...], float]
+#: One window's answer, or the plan's assumption: (slow uplinks, slow NICs), pace.
+Sensed = tuple[tuple[list[int], list[int]], int]  # ((slow uplinks, slow NICs), pace)
 
 
 def group_bandwidths(records: Iterable[Record], nbytes: int) -> dict[tuple[int, tuple[int, ...]], float]:
@@ -143,3 +154,27 @@ def cross_rack_pace(records: Iterable[Record], racks: Sequence[int], *, current:
     if current > 1 and target > 1:
         return current
     return target
+
+
+def settle(in_force: Sensed, before: Sensed | None, now: Sensed) -> Sensed:
+    """What the plan assumes after this window: ``in_force`` changed only where the window
+    ``before`` this one and this one (``now``) agree on the change.
+
+    A flag not in force is set when both windows have it; a flag in force is cleared when
+    neither has it. The pace leaves 1 when both windows ask for more (the smaller of their
+    two paces) and goes back to 1 when both ask for 1. ``before`` is ``None`` at the first
+    window of a run: nothing changes yet.
+    """
+    if before is None:
+        return (sorted(in_force[0][0]), sorted(in_force[0][1])), in_force[1]
+
+    def flags(kind: int) -> list[int]:
+        held, prev, cur = set(in_force[0][kind]), set(before[0][kind]), set(now[0][kind])
+        return sorted({f for f in held if f in prev or f in cur} | (prev & cur))
+
+    pace, prev_pace, cur_pace = in_force[1], before[1], now[1]
+    if pace == 1 and prev_pace > 1 and cur_pace > 1:
+        pace = min(prev_pace, cur_pace)
+    elif pace > 1 and prev_pace == 1 and cur_pace == 1:
+        pace = 1
+    return (flags(0), flags(1)), pace

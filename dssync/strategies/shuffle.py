@@ -18,7 +18,7 @@ from dssync._jsonfile import is_whole
 from dssync.collectives import Communicator, Group
 from dssync.errors import DssyncError, ScheduleError
 from dssync.planning.planner import contended, plan, with_uplink_probes
-from dssync.planning.regroup import Record, cross_rack_pace, sense_contention
+from dssync.planning.regroup import Record, Sensed, cross_rack_pace, sense_contention, settle
 from dssync.planning.schedule import Schedule
 from dssync.topology import Topology
 
@@ -51,6 +51,7 @@ class Shuffle:
         self.start = 0  # the iteration at which self.schedule's round 0 ran
         self.contention = contended(topology)
         self.pace = 1
+        self.last: Sensed | None = None  # the previous window's answer (``regroup.settle``)
         self.records: list[Record] = []
         self.changes: list[dict[str, Any]] = [{"step": 0, "reason": "initial", "schedule": self.schedule.to_dict()}]
 
@@ -90,7 +91,7 @@ class Shuffle:
 
     def regroup(self, next_step: int) -> bool:
         """Sense contention and the pace from the window's group timings; switch plans at
-        ``next_step``.
+        ``next_step`` where this window and the one before agree on a change (``settle``).
 
         Collective. Every rank gathers every rank's records, so all compute the same answer
         and the same plan; the plan's digest is still compared across ranks, and a mismatch
@@ -99,9 +100,11 @@ class Shuffle:
         window = [rec for part in self.comm.allgather_object(self.records) for rec in part]
         self.records = []
         racks = [self.topology.rack_of(r) for r in range(self.comm.world_size)]
-        sensed = sense_contention(window, racks, self.nbytes, current=self.contention)
-        pace = cross_rack_pace(window, racks, current=self.pace, max_pace=self.max_pace)
-        if sensed == self.contention and pace == self.pace:
+        now: Sensed = (sense_contention(window, racks, self.nbytes, current=self.contention),
+                       cross_rack_pace(window, racks, current=self.pace, max_pace=self.max_pace))
+        before, self.last = self.last, now
+        sensed, pace = settle((self.contention, self.pace), before, now)
+        if sensed == tuple(self.contention) and pace == self.pace:
             return False
         uplinks, nics = sensed
         topology = dataclasses.replace(self.topology, contention={
@@ -126,9 +129,11 @@ class Shuffle:
     # -- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything that decides later groups: the schedule in force and where it started,
-        the contention and pace it was planned for, the window's records, the changes so far."""
+        the contention and pace it was planned for, the previous window's answer, the
+        window's records, the changes so far."""
         return {"world_size": self.comm.world_size, "schedule": self.schedule.to_dict(), "start": self.start,
                 "contention": [list(self.contention[0]), list(self.contention[1])], "pace": self.pace,
+                "last": None if self.last is None else [[list(f) for f in self.last[0]], self.last[1]],
                 "records": [(s, list(g), t) for s, g, t in self.records], "changes": list(self.changes)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -146,13 +151,17 @@ class Shuffle:
             uplinks, nics = state["contention"]
             contention = ([_whole(r) for r in uplinks], [_whole(r) for r in nics])
             records = [(_whole(s), tuple(_whole(r) for r in g), float(t)) for s, g, t in state["records"]]
+            last = state.get("last")  # absent from a checkpoint written before the two-window rule
+            if last is not None:
+                (last_uplinks, last_nics), last_pace = last
+                last = (([_whole(r) for r in last_uplinks], [_whole(r) for r in last_nics]), _whole(last_pace))
             changes = list(state["changes"])
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, DssyncError):
                 raise
             raise DssyncError(f"rank {self.comm.rank}: the divide-and-shuffle state to resume from is malformed "
                               f"({type(exc).__name__}: {exc}); it is not a state_dict() of this dssync") from None
-        self.schedule, self.start, self.contention, self.pace = schedule, start, contention, pace
+        self.schedule, self.start, self.contention, self.pace, self.last = schedule, start, contention, pace, last
         self.records, self.changes = records, changes
 
 

@@ -187,19 +187,24 @@ def test_regroup_switches_every_rank_at_the_same_step_and_relaxes():
 
     def body(comm):
         strategy = _regrouping(comm, topo)
-        strategy.shuffle.records = _timed_records(comm.rank, strategy.schedule, 20, slow_rank=4)
-        assert strategy.regroup(20)
-        paired = strategy.schedule
-        strategy.after_step(20)  # the new plan's round 0 runs at step 20
-        strategy.shuffle.records = _timed_records(comm.rank, paired, 20, slow_rank=-1, start=20)  # calm again
+        initial = strategy.schedule
+        strategy.shuffle.records = _timed_records(comm.rank, initial, 20, slow_rank=4)
+        assert not strategy.regroup(20)  # one slow window is not enough (regroup.settle)
+        strategy.shuffle.records = _timed_records(comm.rank, initial, 20, slow_rank=4, start=20)
         assert strategy.regroup(40)
+        paired = strategy.schedule
+        strategy.after_step(40)  # the new plan's round 0 runs at step 40
+        strategy.shuffle.records = _timed_records(comm.rank, paired, 20, slow_rank=-1, start=40)  # calm again
+        assert not strategy.regroup(60)  # one calm window keeps the flag
+        strategy.shuffle.records = _timed_records(comm.rank, paired, 20, slow_rank=-1, start=60)
+        assert strategy.regroup(80)
         return paired.digest(), [(c["step"], c["reason"]) for c in strategy.schedule_changes()], \
             strategy.schedule.digest()
 
     out = FakeWorld(8).run(body)
     assert len({o[0] for o in out}) == 1 and len({o[2] for o in out}) == 1
     steps_reasons = out[0][1]
-    assert steps_reasons == [(0, "initial"), (20, "slow uplinks [], slow NICs [4]"), (40, "contention cleared")]
+    assert steps_reasons == [(0, "initial"), (40, "slow uplinks [], slow NICs [4]"), (80, "contention cleared")]
     assert out[0][2] == static_plan(topo).digest()
 
 
@@ -208,18 +213,21 @@ def test_regroup_paces_the_racks_when_the_cross_rack_group_is_the_bottleneck():
 
     def body(comm):
         strategy = _regrouping(comm, topo)
-        rec = _timed_records(comm.rank, strategy.schedule, 20, slow_rank=-1)
-        # the cross-rack pair takes nine times an intra-rack group
-        strategy.shuffle.records = [(s, g, t * (9 if min(g) < 4 <= max(g) else 1)) for s, g, t in rec]
-        assert strategy.regroup(20)
+        for start in (0, 20):  # the cross-rack pair takes nine times an intra-rack group, two windows running
+            rec = _timed_records(comm.rank, strategy.schedule, 20, slow_rank=-1, start=start)
+            strategy.shuffle.records = [(s, g, t * (9 if min(g) < 4 <= max(g) else 1)) for s, g, t in rec]
+            changed = strategy.regroup(start + 20)
+            assert changed == (start == 20)
         paced_plan = strategy.schedule
-        strategy.shuffle.records = _timed_records(comm.rank, paced_plan, 20, slow_rank=-1, start=20)
-        assert strategy.regroup(40)
+        for start in (40, 60):
+            strategy.shuffle.records = _timed_records(comm.rank, paced_plan, 20, slow_rank=-1, start=start)
+            changed = strategy.regroup(start + 20)
+            assert changed == (start == 60)
         return [(c["step"], c["reason"]) for c in strategy.schedule_changes()], paced_plan.digest(), \
             strategy.schedule.digest()
 
     out = FakeWorld(8).run(body)
-    assert out[0][0] == [(0, "initial"), (20, "racks exchange every 4 rounds"), (40, "contention cleared")]
+    assert out[0][0] == [(0, "initial"), (40, "racks exchange every 4 rounds"), (80, "contention cleared")]
     assert {o[1] for o in out} == {plan(topo, pace=4).digest()}
     assert {o[2] for o in out} == {static_plan(topo).digest()}
 
@@ -231,10 +239,11 @@ def test_ranks_whose_records_disagree_stop_with_an_error():
         strategy = _regrouping(comm, topo)
         if comm.rank == 0:  # as if rank 0 had planned otherwise from the same window
             strategy.shuffle._plan = lambda topology, pace=1: Schedule(world_size=8, period=((tuple(range(8)),),))
-        strategy.shuffle.records = _timed_records(comm.rank, strategy.schedule, 20, slow_rank=1)
-        strategy.regroup(20)
+        for start in (0, 20):
+            strategy.shuffle.records = _timed_records(comm.rank, strategy.schedule, 20, slow_rank=1, start=start)
+            strategy.regroup(start + 20)
 
-    with pytest.raises(ScheduleError, match="ranks planned different schedules at iteration 20"):
+    with pytest.raises(ScheduleError, match="ranks planned different schedules at iteration 40"):
         FakeWorld(8).run(body)
 
 
@@ -294,29 +303,33 @@ def test_every_backend_refuses_groups_that_ranks_disagree_on_or_that_leave_the_w
 
 
 def test_a_checkpoint_after_a_regrouping_resumes_the_same_groups_at_every_later_step():
-    """state_dict after an online switch (a paired plan from step 20, with a window of records
-    half gathered) restores the plan, where it started, the sensed contention and the records:
+    """state_dict after an online switch (a paired plan from step 40, one calm window since,
+    and a window of records half gathered) restores the plan, where it started, the sensed
+    contention, the previous window's answer and the records:
     the restored strategy picks the same group at every later step and regroups alike."""
     topo = Topology.from_rack_sizes([5, 3])
 
     def body(comm):
         strategy = _regrouping(comm, topo)
-        strategy.shuffle.records = _timed_records(comm.rank, strategy.schedule, 20, slow_rank=4)
-        assert strategy.regroup(20)
-        strategy.shuffle.records = _timed_records(comm.rank, strategy.schedule, 10, slow_rank=4, start=20)
+        for start in (0, 20):
+            strategy.shuffle.records = _timed_records(comm.rank, strategy.schedule, 20, slow_rank=4, start=start)
+            assert strategy.regroup(start + 20) == (start == 20)
+        strategy.shuffle.records = _timed_records(comm.rank, strategy.schedule, 20, slow_rank=-1, start=40)
+        assert not strategy.regroup(60)  # one calm window: the flag holds, and the saved state must know it
+        strategy.shuffle.records = _timed_records(comm.rank, strategy.schedule, 10, slow_rank=-1, start=60)
         state = strategy.state_dict()
         fresh = DSSyncStrategy(StrategyContext(comm=comm, model=_seeded_linear(1), topology=topo),
                                DSSyncStrategy.Config(adjust_every=20))
         assert fresh.shuffle.group(25) != strategy.shuffle.group(25) or fresh.schedule.digest() != strategy.schedule.digest()
         fresh.load_state_dict(state)
         fresh.setup()
-        same = all(fresh.shuffle.group(s) == strategy.shuffle.group(s) for s in range(20, 120))
-        more = _timed_records(comm.rank, strategy.schedule, 10, slow_rank=-1, start=30)
+        same = all(fresh.shuffle.group(s) == strategy.shuffle.group(s) for s in range(40, 140))
+        more = _timed_records(comm.rank, strategy.schedule, 10, slow_rank=-1, start=70)
         for s in (strategy, fresh):
             s.shuffle.records += more
-        return same, strategy.regroup(40), fresh.regroup(40), strategy.schedule.digest(), fresh.schedule.digest()
+        return same, strategy.regroup(80), fresh.regroup(80), strategy.schedule.digest(), fresh.schedule.digest()
 
     out = FakeWorld(8).run(body)
     assert all(o[0] for o in out)
-    assert {(o[1], o[2]) for o in out} == {(True, True)}  # calm window: both relax at step 40
+    assert {(o[1], o[2]) for o in out} == {(True, True)}  # second calm window: both relax at step 80
     assert {o[3] for o in out} == {o[4] for o in out}
