@@ -154,9 +154,11 @@ def settle_racks(first: tuple[np.ndarray, np.ndarray], measure: Callable[[], tup
 
 
 def _pairs(comm: Communicator, link: _Link, cfg: ProbeConfig, rounds: list[list[tuple[int, int]]],
-           payload: torch.Tensor, iperf: _Iperf3 | None) -> tuple[np.ndarray, np.ndarray]:
+           payload: torch.Tensor, iperf: _Iperf3 | None, latency_us: np.ndarray | None = None,
+           ) -> tuple[np.ndarray, np.ndarray]:
     """Every pair's one-way latency (µs) and bandwidth (Gbit/s) each way, in ``rounds``;
-    the same matrices on every rank (0 where nothing was measured)."""
+    the same matrices on every rank (0 where nothing was measured). Given ``latency_us``
+    (an earlier pass's), no pings: that is the latency returned."""
     rank, n = comm.rank, comm.world_size
     latency: dict[tuple[int, int], float] = {}
     bandwidth: dict[tuple[int, int], float] = {}
@@ -165,7 +167,8 @@ def _pairs(comm: Communicator, link: _Link, cfg: ProbeConfig, rounds: list[list[
     # Bandwidth one direction at a time, all pairs of a round together, a barrier after
     # each: every flow of a direction starts together and shares what it shares for
     # the whole of its stream, whichever backend times it.
-    for kind, upward in (("latency", True), ("bandwidth", True), ("bandwidth", False)):
+    kinds = [("latency", True)] if latency_us is None else []
+    for kind, upward in (*kinds, ("bandwidth", True), ("bandwidth", False)):
         for pairs in rounds:
             for a, b in pairs:
                 if rank in (a, b):
@@ -175,13 +178,13 @@ def _pairs(comm: Communicator, link: _Link, cfg: ProbeConfig, rounds: list[list[
                     else:
                         bandwidth.update(_bandwidth_pair(link, rank, peer, upward, cfg, payload, iperf))
             comm.barrier()  # the next round's pairs must not overlap this one's
-    latency_us, bandwidth_gbps = np.zeros((n, n)), np.zeros((n, n))
+    measured, bandwidth_gbps = np.zeros((n, n)), np.zeros((n, n))
     for lat_part, bw_part in comm.allgather_object((latency, bandwidth)):
         for (src, dst), value in lat_part.items():
-            latency_us[src, dst] = value
+            measured[src, dst] = value
         for (src, dst), value in bw_part.items():
             bandwidth_gbps[src, dst] = value
-    return latency_us, bandwidth_gbps
+    return (measured if latency_us is None else latency_us), bandwidth_gbps
 
 
 def _aggregates(phases: list[dict[str, Any]], racks: list[int]) -> list[float] | None:
@@ -231,10 +234,14 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
                           metric="given")
             pair_passes = 1
         else:
-            # Each later pass meets the pairs in other company (``round_robin_rounds``' relabel).
+            # Each later pass meets the pairs in other company (``round_robin_rounds``' relabel)
+            # and times the streams only: a path's latency is its fastest of twenty pings
+            # already, which a busy host cannot make faster, and the pings were a fifth of a pass.
             later = (round_robin_rounds(n, relabel=k) if not cfg.isolated else rounds for k in itertools.count(1))
+            first_latency = latency_us
             latency_us, bandwidth_gbps, fit, pair_passes = settle_racks(
-                (latency_us, bandwidth_gbps), lambda: _pairs(comm, link, cfg, next(later), payload, iperf),
+                (latency_us, bandwidth_gbps),
+                lambda: _pairs(comm, link, cfg, next(later), payload, iperf, latency_us=first_latency),
                 lambda lat, bw: fit_racks(lat, bw, hosts))
     finally:
         if iperf is not None:

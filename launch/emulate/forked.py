@@ -10,11 +10,14 @@ session of its own, its output through a pipe to the parent's ``[w<i>]`` prefixe
 children are forked before the parent starts any thread, after ``gc.freeze()`` (the
 collector then leaves the inherited objects alone instead of copying their pages).
 
-Opt-in (``DSSYNC_EMULATE_FORK=1``), not the default: in the test suite's emulated probes on
-2 cores, forked workers' probes came out noisier (4 of the 8 probe cases split a rack or
-missed a flag in one run, where exec'd workers pass), likely the copy-on-write of the
-inherited heap during the first seconds of the job, inside the probe's clock. Without it
-each worker is ``ip netns exec``'d as a fresh process.
+The default since the probe judges its own answers (passes until the racks settle, flags
+with their own confidence): an 8-worker probe's start-up fell from about 28 s to 3 s, and
+the emulated probe tests and ``bench probe-layouts`` came out no worse forked than exec'd
+(docs/probing.md has the figures). Before that, forked workers' probes had come out
+noisier in one run of the test suite (4 of the 8 probe cases split a rack or missed a
+flag), likely the copy-on-write of the inherited heap during the first seconds of the job.
+``DSSYNC_EMULATE_FORK=0`` exec's each worker through ``ip netns exec`` as a fresh process,
+as it does anyway when the command is not this installation's ``dssync``.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ _NETNS_DIR = Path("/run/netns")
 
 def forkable(command: Sequence[str]) -> bool:
     """Whether ``command`` is this installation's ``dssync`` console script."""
-    if os.environ.get("DSSYNC_EMULATE_FORK", "0") != "1" or not command:
+    if os.environ.get("DSSYNC_EMULATE_FORK", "1") == "0" or not command:
         return False
     if threading.active_count() > 1:  # a fork copies one thread: only from a single-threaded caller
         return False

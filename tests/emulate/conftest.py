@@ -25,9 +25,8 @@ def name(netns_support, tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def forked(monkeypatch):
-    """``dssync emulate run`` forks the workers from itself (``DSSYNC_EMULATE_FORK=1``)
-    instead of exec'ing a Python per worker that imports torch again: some 8 s less per
-    8-worker job on 2 cores. For the tests whose verdict no probe and no timing ratio
-    decides (the probes' own tests keep exec'd workers: forked ones measured noisier)."""
-    monkeypatch.setenv("DSSYNC_EMULATE_FORK", "1")
+def exec_workers(monkeypatch):
+    """``dssync emulate run`` exec's a fresh Python per worker (``DSSYNC_EMULATE_FORK=0``)
+    instead of forking them from itself, the default: the path a command other than this
+    installation's ``dssync`` always takes."""
+    monkeypatch.setenv("DSSYNC_EMULATE_FORK", "0")

@@ -9,7 +9,7 @@ from dssync.bench.compare import compare, summarize
 pytestmark = pytest.mark.emulate
 
 
-def test_compare_runs_every_strategy_on_the_scenario_and_the_bsp_variants_agree(name, forked):
+def test_compare_runs_every_strategy_on_the_scenario_and_the_bsp_variants_agree(name):
     records = compare(["inter-rack"], ["ddp", "allreduce"], task="digits", steps=30,
                       eval_every=15, name=name, stop=False)
     assert [(r["scenario"], r["strategy"]) for r in records] == [("inter-rack", "ddp"), ("inter-rack", "allreduce")]
@@ -21,7 +21,7 @@ def test_compare_runs_every_strategy_on_the_scenario_and_the_bsp_variants_agree(
     assert rows[0]["tta_ratio"] == 1.0
 
 
-def test_simcheck_measures_the_shaped_network_the_simulator_models(name, forked):
+def test_simcheck_measures_the_shaped_network_the_simulator_models(name):
     # 2 MB over 1 Gbit/s: a pair swap needs 16 ms, so an unshaped (multi-Gbit/s) veth
     # would measure several times faster than the simulator's bytes over the link rates.
     from dssync.bench.simcheck import measure, network_of
@@ -35,7 +35,7 @@ def test_simcheck_measures_the_shaped_network_the_simulator_models(name, forked)
     assert row["wall_ms"] >= row["comm_ms"] >= 0.5 * bound > 0
 
 
-def test_simcheck_calibrates_the_simulator_on_bench_allreduce(name, forked):
+def test_simcheck_calibrates_the_simulator_on_bench_allreduce(name):
     """The world's ring, the racks' rings and cross-rack pairs, timed by ``bench allreduce``
     on the shaped static cluster, then against the inter-rack background (the ring, the pairs
     and one pair) and against a worker's own background (the ring and the racks), and the

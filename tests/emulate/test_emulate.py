@@ -112,7 +112,7 @@ def test_bad_rates(text):
         emulate.parse_rate(text)
 
 
-def test_training_runs_across_the_emulated_racks(name, tmp_path, forked):
+def test_training_runs_across_the_emulated_racks(name, tmp_path, exec_workers):
     import sys
     from pathlib import Path
 

@@ -8,7 +8,7 @@ from dssync.bench.overlap import compare_overlap
 pytestmark = pytest.mark.emulate
 
 
-def test_both_modes_train_on_the_emulated_network_to_the_same_model(name, forked):
+def test_both_modes_train_on_the_emulated_network_to_the_same_model(name):
     record = compare_overlap([2, 2], nic="200mbit", uplink="200mbit", task="digits", steps=30,
                              batch_size=32, bucket_mb=0.0, reps=1, name=name)
     assert [r["mode"] for r in record["runs"]] == ["after-step", "overlap"]
