@@ -42,6 +42,7 @@ from .state import (
     leftovers,
     load_state,
     parse_rate,
+    scenario_contention,
 )
 from .state import SUBNET as SUBNET
 from .state import check_name as check_name
@@ -66,6 +67,7 @@ __all__ = [
     "parse_flow",
     "parse_rate",
     "run",
+    "scenario_contention",
     "run_dssync",
     "up",
 ]

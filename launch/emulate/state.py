@@ -160,7 +160,29 @@ SCENARIOS: dict[str, dict] = {
     "inter-rack+nic": {"rack_sizes": [5, 3], "nic": "1gbit", "uplink": "1gbit", "flows": [("rank", 4)]},
     # Three racks, the first one's uplink shared with background flows: Fig. 5 beyond two racks.
     "three-rack": {"rack_sizes": [3, 3, 3], "nic": "1gbit", "uplink": "1gbit", "flows": [("rack", 0)]},
+    # Four racks of unequal size, rack 2's uplink shared with another job's flows and worker
+    # 9's NIC (in rack 3) with another job's flow inside its rack: both kinds of bottleneck at once.
+    "four-rack": {"rack_sizes": [3, 2, 3, 4], "nic": "1gbit", "uplink": "1gbit",
+                  "flows": [("rack", 2), ("nic", 9)]},
 }
+
+
+def scenario_contention(spec: dict) -> tuple[list[int], list[int]]:
+    """``(racks whose uplink, ranks whose NIC)`` a scenario's background flows contend: its
+    ground truth, what a probe or the online regrouping should flag and nothing else.
+    ``rack:I`` crosses rack I's uplink, ``rank:I`` worker I's NIC and its rack's uplink,
+    ``nic:I`` worker I's NIC only; ``cpu:I`` is no traffic."""
+    edges = list(itertools.accumulate(spec["rack_sizes"]))
+    uplinks: set[int] = set()
+    nics: set[int] = set()
+    for kind, index in spec["flows"]:
+        if kind == "rack":
+            uplinks.add(index)
+        elif kind in ("rank", "nic"):
+            nics.add(index)
+            if kind == "rank":
+                uplinks.add(next(r for r, edge in enumerate(edges) if index < edge))
+    return sorted(uplinks), sorted(nics)
 
 
 # -- plumbing --------------------------------------------------------------------------------
