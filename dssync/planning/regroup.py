@@ -61,8 +61,8 @@ from dssync.topology.infer import DEFAULT_SLOW_RATIO, slow_keys
 __all__ = ["Record", "Sensed", "cross_rack_pace", "group_bandwidths", "sense_contention", "settle"]
 
 Record = tuple[int, tuple[int, ...], float]
-#: One window's answer, or the plan's assumption: (slow uplinks, slow NICs), pace.
-Sensed = tuple[tuple[list[int], list[int]], int]  # ((slow uplinks, slow NICs), pace)
+#: One window's answer, or the plan's assumption: ((slow uplinks, slow NICs), pace).
+Sensed = tuple[tuple[list[int], list[int]], int]
 
 
 def group_bandwidths(records: Iterable[Record], nbytes: int) -> dict[tuple[int, tuple[int, ...]], float]:
@@ -166,7 +166,7 @@ def settle(in_force: Sensed, before: Sensed | None, now: Sensed) -> Sensed:
     window of a run: nothing changes yet.
     """
     if before is None:
-        return (sorted(in_force[0][0]), sorted(in_force[0][1])), in_force[1]
+        return in_force
 
     def flags(kind: int) -> list[int]:
         held, prev, cur = set(in_force[0][kind]), set(before[0][kind]), set(now[0][kind])

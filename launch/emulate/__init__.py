@@ -67,7 +67,7 @@ __all__ = [
     "parse_flow",
     "parse_rate",
     "run",
-    "scenario_contention",
     "run_dssync",
+    "scenario_contention",
     "up",
 ]

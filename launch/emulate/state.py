@@ -26,6 +26,7 @@ cgroups, nothing matched by prefix alone.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import os
@@ -173,16 +174,10 @@ def scenario_contention(spec: dict) -> tuple[list[int], list[int]]:
     ``rack:I`` crosses rack I's uplink, ``rank:I`` worker I's NIC and its rack's uplink,
     ``nic:I`` worker I's NIC only; ``cpu:I`` is no traffic."""
     edges = list(itertools.accumulate(spec["rack_sizes"]))
-    uplinks: set[int] = set()
-    nics: set[int] = set()
-    for kind, index in spec["flows"]:
-        if kind == "rack":
-            uplinks.add(index)
-        elif kind in ("rank", "nic"):
-            nics.add(index)
-            if kind == "rank":
-                uplinks.add(next(r for r, edge in enumerate(edges) if index < edge))
-    return sorted(uplinks), sorted(nics)
+    flows = spec["flows"]
+    uplinks = {i for kind, i in flows if kind == "rack"} | \
+        {bisect.bisect_right(edges, i) for kind, i in flows if kind == "rank"}  # the worker's rack
+    return sorted(uplinks), sorted({i for kind, i in flows if kind in ("rank", "nic")})
 
 
 # -- plumbing --------------------------------------------------------------------------------

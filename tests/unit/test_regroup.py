@@ -215,8 +215,8 @@ def inter_rack_windows(sizes, noisy, victim, windows=6, seed=0):
     takes about nine times an intra-rack group (a busy uplink, no slow NIC), where at window
     ``noisy`` the clear worker ``victim`` is descheduled through every transfer of its own
     (each of its groups takes four times as long), as a busy host does to one process.
-    Returns the plan's changes ``[(window, (flags, pace))]`` under ``rule``: ``settle``, or
-    the one-window rule (a window's answer is the plan)."""
+    Returns ``run(rule)``: the plan's changes ``[(window, (flags, pace))]`` under ``rule``,
+    ``"settle"`` or the one-window rule (a window's answer is the plan)."""
     topo = Topology.from_rack_sizes(sizes)
     racks = [topo.rack_of(r) for r in range(topo.world_size)]
 
