@@ -274,7 +274,8 @@ def sync_switch_policy_run(comm, steps: int, switch_at: float, policy: str, min_
     """``sync-switch`` with a straggler ``policy`` (windows of 2 iterations, one window makes a
     straggler, no momentum, lr 0.1, the detector's ``min_gap``) on a 3 x 2 linear layer: the
     gradient is ``(r + 1)(t + 1)`` on rank r in BSP and ``t + 1`` in ASP. Every rank's
-    forward/backward takes 10 ms, rank 3's 100 ms in its first 4 iterations. Returns the
+    forward/backward takes 50 ms, rank 3's 500 ms in its first 4 iterations (at 10 ms a
+    descheduled fast rank looked like a straggler on a loaded 2-core CI machine). Returns the
     start, the handed-back parameters, the stats and the iterations each rank computed."""
     from dssync.strategies import SyncSwitchStrategy
 
@@ -289,7 +290,7 @@ def sync_switch_policy_run(comm, steps: int, switch_at: float, policy: str, min_
     computed = []
     for step in range(steps):
         def forward_backward(step=step):
-            time.sleep(0.1 if comm.rank == 3 and step < 4 else 0.01)
+            time.sleep(0.5 if comm.rank == 3 and step < 4 else 0.05)
             scale = (comm.rank + 1) if strategy.phase == "bsp" else 1
             for p in model.parameters():
                 p.grad = torch.full_like(p, float(scale * (step + 1)))
