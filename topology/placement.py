@@ -55,6 +55,9 @@ class RackFit:
     #: ranks whose rack-mates change when the probe's racks are fitted with one pass over the pairs left out
     #: (``dssync.probing.probe.settle_racks``): unsure, whatever their margins
     unsettled: set[int] = field(default_factory=set)
+    #: ranks that another place explains the pairs phase's concurrent flows nearly as well
+    #: or better (``dssync.topology.replay``): unsure, whatever their margins
+    unexplained: set[int] = field(default_factory=set)
 
     @property
     def unplaced(self) -> list[int]:
@@ -88,7 +91,7 @@ class RackFit:
                                    "separation": round(sep, 3) if np.isfinite(sep) else None,
                                    "confident": bool(sep >= CONFIDENT_MARGIN)})
         unsure = sorted({i for i, m in self.margins.items() if m < CONFIDENT_MARGIN and len(self.groups) > 1}
-                        | self.tentative | self.unsettled
+                        | self.tentative | self.unsettled | self.unexplained
                         | (set(range(self.n)) if self.split_unseparated else set()))
         return {
             "metric": self.metric,
@@ -100,6 +103,7 @@ class RackFit:
             "unsure": unsure,
             "one_rack_guess": self.split_unseparated,
             "unsettled": sorted(self.unsettled),
+            "unexplained": sorted(self.unexplained),
             "confident": not self.unplaced and not unsure,
         }
 

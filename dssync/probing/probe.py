@@ -59,6 +59,7 @@ from dssync.topology.model import Topology, Worker
 from dssync.topology.placement import RackFit, filled, place_behind_standing_queue, place_blind
 from dssync.topology.prior import RackPrior, weigh_prior
 from dssync.topology.racks import fit_racks
+from dssync.topology.replay import concurrent_flows, replay_fit
 
 __all__ = [
     "BACKENDS",
@@ -187,6 +188,24 @@ def _pairs(comm: Communicator, link: _Link, cfg: ProbeConfig, rounds: list[list[
     return (measured if latency_us is None else latency_us), bandwidth_gbps
 
 
+def _replay(comm: Communicator, fit: RackFit, raw: list[tuple[list[list[tuple[int, int]]], np.ndarray]],
+            ) -> dict[str, Any] | None:
+    """The fitted racks checked against every rate the pairs phase's concurrent flows got,
+    not only each path's best (``dssync.topology.replay.replay_fit``): rank 0 decides (the
+    search is CPU work that every rank would repeat on shared cores), every rank adopts.
+    The replay's record, or None where it had nothing to check."""
+    mine = None
+    if comm.rank == 0:
+        replay = replay_fit(fit, concurrent_flows(raw))
+        if replay is not None:
+            mine = (fit.groups, fit.margins, fit.metric, fit.unexplained, replay.record())
+    decided = comm.allgather_object(mine)[0]
+    if decided is None:
+        return None
+    fit.groups, fit.margins, fit.metric, fit.unexplained, record = decided
+    return record
+
+
 def _aggregates(phases: list[dict[str, Any]], racks: list[int]) -> list[float] | None:
     """Each rack's blast aggregate in rack order (NaN for a rack that had no blast), from
     ``phases`` (one per group, named by ``rack``)."""
@@ -224,10 +243,17 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
     if cfg.isolated:  # every pair alone: what a path gives one flow, for comparing backends
         rounds = [[pair] for pairs in rounds for pair in pairs]
     iperf = _Iperf3(comm, cfg, base_port) if backend == "iperf3" else None
+    raw: list[tuple[list[list[tuple[int, int]]], np.ndarray]] = []  # each pass's rounds and rates
+
+    def pass_over(pass_rounds: list[list[tuple[int, int]]], **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
+        lat, bw = _pairs(comm, link, cfg, pass_rounds, payload, iperf, **kwargs)
+        raw.append((pass_rounds, bw))
+        return lat, bw
+
     try:
         if iperf is not None:
             comm.barrier()  # every server started before any client connects
-        latency_us, bandwidth_gbps = _pairs(comm, link, cfg, rounds, payload, iperf)
+        latency_us, bandwidth_gbps = pass_over(rounds)
         known = racks is not None
         if known:
             fit = RackFit(n=n, groups=[[i for i in range(n) if racks[i] == r] for r in sorted(set(racks))],
@@ -241,11 +267,14 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
             first_latency = latency_us
             latency_us, bandwidth_gbps, fit, pair_passes = settle_racks(
                 (latency_us, bandwidth_gbps),
-                lambda: _pairs(comm, link, cfg, next(later), payload, iperf, latency_us=first_latency),
+                lambda: pass_over(next(later), latency_us=first_latency),
                 lambda lat, bw: fit_racks(lat, bw, hosts))
     finally:
         if iperf is not None:
             iperf.close()
+    replay_record = None
+    if not known and not cfg.isolated:
+        replay_record = _replay(comm, fit, raw)
     phase_seconds = {"pairs": round(time.time() - started_at, 3)}
     provisional = fit.racks()
     # Egress blasts, one per rack: its uplink with all of its members sending across at once
@@ -341,6 +370,8 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
                                        for g, p in d.items()} for j, d in delays.items()}
     confidence["phase_seconds"] = phase_seconds
     confidence["pair_passes"] = pair_passes
+    if replay_record is not None:
+        confidence["replay"] = replay_record
     if prior_racks is not None:
         confidence.update(prior_record)
     return ProbeResult(hosts=hosts, latency_us=latency_us, bandwidth_gbps=bandwidth_gbps, racks=racks,

@@ -1,0 +1,251 @@
+"""Racks that explain what the pairs phase's concurrent flows got (``replay_racks``).
+
+The pairs phase runs its pairs in rounds, and the flows of a round's direction all at once.
+Each path's best over the passes (what ``fit_racks`` clusters) shows a rack boundary only
+where crossing it costs a single flow something: a slower uplink, another job's queue.
+Where every uplink is as fast as a NIC, a lone flow across racks gets what a flow inside one
+gets, and the boundary shows only when flows *share* the uplink: two flows from outside into
+one rack get half of its downlink each, two flows into two workers of one rack from inside
+it share nothing. The best-of-passes matrices keep the pass in which a path ran alone and
+forget the ones in which it shared.
+
+So the racks are checked against every rate the pairs phase measured, not only the best:
+under a candidate answer, each round's flows get the max-min fair rates of a network with
+that answer's links (each worker's NIC each way, each rack's uplink each way, and the
+hosts' CPUs, which every flow of a round shares on a machine that is never idle), the
+capacities the largest each link was seen to carry under that answer. The answer whose
+rates lie closest to the measured ones (squared log-ratios, each capped, so one flow a busy
+host held back counts no more than a clear halving) is kept; moves of one worker to
+another rack or a rack of its own, and merges of two racks, are tried from the fitted answer
+while one lowers the misfit by at least ``MIN_GAIN``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dssync.topology.placement import RackFit
+
+__all__ = ["FLOW_CAP", "MIN_GAIN", "DOUBT", "Replay", "capacities", "concurrent_flows", "max_min_rates",
+           "misfit", "predict", "replay_fit", "replay_racks"]
+
+#: A move must lower the misfit by this much (in squared natural-log units: about six
+#: flows halved that the answer now explains) to be taken: on two busy cores a worker whose
+#: NIC another job shares measured rates that a wrong rack explained better by 2.0.
+MIN_GAIN = 3.0
+#: A worker that a single move elsewhere explains better by this much (about two flows
+#: halved), though not by ``MIN_GAIN``, is unsure: the flows measured doubt where it is.
+DOUBT = 1.0
+#: One flow's misfit at most: a factor of e away from its prediction (a busy host that held
+#: a flow back counts no more than that).
+FLOW_CAP = 1.0
+
+Flow = tuple[int, int]
+
+
+def concurrent_flows(passes: Sequence[tuple[Sequence[Sequence[tuple[int, int]]], np.ndarray]],
+                     ) -> list[tuple[list[Flow], np.ndarray]]:
+    """The sets of flows that ran at once and the rate each got: for each pass's round
+    (``(rounds, bandwidth_gbps)``), its pairs from the lower rank up, then back down."""
+    out = []
+    for rounds, bw in passes:
+        bw = np.asarray(bw, dtype=float)
+        for pairs in rounds:
+            for flows in ([(a, b) for a, b in pairs], [(b, a) for a, b in pairs]):
+                flows = [f for f in flows if bw[f] > 0]
+                if flows:
+                    out.append((flows, np.array([bw[f] for f in flows])))
+    return out
+
+
+def max_min_rates(paths: Sequence[Sequence[Any]], capacity: dict[Any, float]) -> np.ndarray:
+    """Max-min fair rates (progressive filling) of flows over ``paths`` (the links each
+    crosses) with ``capacity`` per link."""
+    rate = np.zeros(len(paths))
+    left = dict(capacity)
+    active = set(range(len(paths)))
+    while active:
+        count: dict[Any, int] = {}
+        for f in active:
+            for link in paths[f]:
+                count[link] = count.get(link, 0) + 1
+        step = min(max(left[link], 0.0) / c for link, c in count.items())
+        for f in active:
+            rate[f] += step
+        for link, c in count.items():
+            left[link] -= step * c
+        full = {link for link in count if left[link] <= 1e-9 * max(1.0, capacity[link])}
+        active = {f for f in active if not full.intersection(paths[f])}
+    return rate
+
+
+def _path(src: int, dst: int, racks: Sequence[int]) -> list[Any]:
+    links: list[Any] = [("out", src), ("in", dst), ("cpu",)]
+    if racks[src] != racks[dst]:
+        links += [("up", racks[src]), ("down", racks[dst])]
+    return links
+
+
+def capacities(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray]]) -> dict[Any, float]:
+    """Each link's capacity under ``racks``: the most it was seen to carry at once."""
+    capacity: dict[Any, float] = {}
+    for flows, rates in observed:
+        carried: dict[Any, float] = {}
+        for (s, d), r in zip(flows, rates, strict=True):
+            for link in _path(s, d, racks):
+                carried[link] = carried.get(link, 0.0) + float(r)
+        for link, total in carried.items():
+            capacity[link] = max(capacity.get(link, 0.0), total)
+    return capacity
+
+
+def predict(flows: Sequence[Flow], racks: Sequence[int], capacity: dict[Any, float]) -> np.ndarray:
+    """The max-min fair rates of ``flows`` run at once under ``racks`` with ``capacity`` (a
+    link never seen carrying anything gets the fastest NIC's)."""
+    paths = [_path(s, d, racks) for s, d in flows]
+    fastest = max((v for k, v in capacity.items() if k[0] in ("out", "in")), default=1.0)
+    return max_min_rates(paths, {link: capacity.get(link, fastest) for links in paths for link in links})
+
+
+def misfit(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray]]) -> float:
+    """How far the measured rates lie from the ones ``racks`` predicts (module docstring)."""
+    capacity = capacities(racks, observed)
+    total = 0.0
+    for flows, rates in observed:
+        err = np.log(np.maximum(rates, 1e-3) / np.maximum(predict(flows, racks, capacity), 1e-3))
+        total += float(np.minimum(err * err, FLOW_CAP).sum())
+    return total
+
+
+def _canonical(labels: Sequence[int]) -> tuple[int, ...]:
+    seen: dict[int, int] = {}
+    return tuple(seen.setdefault(x, len(seen)) for x in labels)
+
+
+@dataclass
+class Replay:
+    """What the replay decided: the racks, the misfit before and after, the moves taken,
+    and for each movable worker how much the best other place for it would cost more
+    (``margins``, misfit units; below ``MIN_GAIN`` the flows hardly tell)."""
+
+    racks: list[int]
+    before: float
+    after: float
+    moves: list[dict[str, Any]] = field(default_factory=list)
+    margins: dict[int, float] = field(default_factory=dict)
+
+    def record(self) -> dict[str, Any]:
+        return {"misfit_before": round(self.before, 3), "misfit_after": round(self.after, 3), "moves": self.moves,
+                "margins": {str(i): round(m, 3) for i, m in sorted(self.margins.items())}}
+
+
+def _neighbours(labels: tuple[int, ...], movable: Sequence[int]) -> list[tuple[tuple[int, ...], dict[str, Any]]]:
+    out = []
+    groups = sorted({labels[i] for i in movable})
+    fresh = max(labels) + 1
+    for i in movable:
+        for target in [*groups, fresh]:
+            if target == labels[i] or (target == fresh and sum(x == labels[i] for x in labels) == 1):
+                continue
+            new = list(labels)
+            new[i] = target
+            out.append((_canonical(new), {"move": i, "to": "alone" if target == fresh else
+                                          sorted(j for j in movable if labels[j] == target)}))
+    for a in groups:
+        for b in groups:
+            if a < b:
+                out.append((_canonical([a if x == b else x for x in labels]),
+                            {"merge": [sorted(j for j in movable if labels[j] == g) for g in (a, b)]}))
+    return out
+
+
+def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray]],
+                 movable: Sequence[int] | None = None, min_gain: float = MIN_GAIN,
+                 max_moves: int | None = None) -> Replay:
+    """From ``racks``, the racks that explain ``observed`` best (module docstring).
+
+    Only ``movable`` workers move (all by default; a worker whose NIC is slow both ways shows
+    nothing in its flows and stays where it was placed)."""
+    n = len(racks)
+    movable = list(range(n)) if movable is None else sorted(movable)
+    labels = _canonical(racks)
+    cache: dict[tuple[int, ...], float] = {}
+
+    def cost(lab: tuple[int, ...]) -> float:
+        if lab not in cache:
+            cache[lab] = misfit(lab, observed)
+        return cache[lab]
+
+    before = cost(labels)
+
+    def descend(labels: tuple[int, ...]) -> tuple[tuple[int, ...], float, list[dict[str, Any]]]:
+        current, moves = cost(labels), []
+        for _ in range(max_moves if max_moves is not None else 2 * n):
+            options = [(cost(lab), lab, what) for lab, what in _neighbours(labels, movable)]
+            if not options:
+                break
+            best, lab, what = min(options, key=lambda o: o[0])
+            if current - best < min_gain:
+                break
+            moves.append({**what, "gain": round(current - best, 3)})
+            labels, current = lab, best
+        return labels, current, moves
+
+    # From the fitted answer, and from every movable worker in a rack of its own: where the
+    # uplinks are as fast as the NICs, one worker moved off a merged rack explains no flow
+    # (a rack shows only once two of its workers share its uplink), so the fitted answer's
+    # moves can stall where merges of single workers do not.
+    alone = list(labels)
+    for k, i in enumerate(movable):
+        alone[i] = max(labels) + 1 + k
+    found = [descend(labels), descend(_canonical(alone))]
+    labels, current, moves = min(found, key=lambda f: (f[1] + (0 if f is found[0] else min_gain), ))
+    if labels != found[0][0]:
+        moves = [{"start": "every worker alone"}, *moves]
+    margins: dict[int, float] = {}
+    for lab, what in _neighbours(labels, movable):
+        if "move" in what:
+            i = what["move"]
+            margins[i] = min(margins.get(i, math.inf), cost(lab) - current)
+    return Replay(racks=list(labels), before=before, after=current, moves=moves, margins=margins)
+
+
+def _mates(racks: Sequence[int], i: int) -> set[int]:
+    return {j for j, r in enumerate(racks) if r == racks[i]}
+
+
+def replay_fit(fit: RackFit, observed: Sequence[tuple[list[Flow], np.ndarray]]) -> Replay | None:
+    """Check ``fit`` against ``observed`` and change it in place: its clear ranks' groups
+    become the replay's racks when a move was taken (only where no rank is blind: a blind
+    rank's candidates and placement name the fitted groups; there the ranks it would move
+    are doubted instead). The clear ranks the flows do
+    not vouch for become ``unexplained``: where the replay moved ranks, every rank whose
+    best other place explains the flows less well by under ``MIN_GAIN`` (the replay's answer
+    is as sure as the move that made it, and the clustering's separations no longer apply);
+    where it moved none, every rank another place explains better by ``DOUBT``. None with
+    one clear rank."""
+    movable = sorted(i for members in fit.groups for i in members)
+    if len(movable) < 2 or not observed:
+        return None
+    replay = replay_racks(fit.racks(), observed, movable)
+    if replay.moves and fit.blind:
+        # not taken: the ranks the replay would move are doubted, and the margins are the
+        # fitted answer's own
+        fitted = fit.racks()
+        moved = {i for i in movable if _mates(fitted, i) != _mates(replay.racks, i)}
+        replay = replay_racks(fitted, observed, movable, min_gain=math.inf)
+        fit.unexplained = moved | {i for i, m in replay.margins.items() if m < -DOUBT}
+        return replay
+    if replay.moves:
+        labels = sorted({replay.racks[i] for i in movable}, key=lambda r: min(i for i in movable if replay.racks[i] == r))
+        fit.groups = [[i for i in movable if replay.racks[i] == r] for r in labels]
+        fit.margins = {}  # the clustering's separations describe groups that are gone
+        fit.metric = f"{fit.metric}+replay"
+    bar = MIN_GAIN if replay.moves else -DOUBT
+    fit.unexplained = {i for i, m in replay.margins.items() if m < bar}
+    return replay
