@@ -20,8 +20,8 @@ record() {  # NAME ARGS...: the record NAME.json and its console output NAME.txt
 }
 for s in ${SEEDS:-0 1 2 16w}; do
     if [[ $s == 16w ]]; then
-        record probe-layouts-v3-16w --count 5 --seed 16 --min-workers 16 --max-workers 16
+        record probe-layouts-v4-16w --count 5 --seed 16 --min-workers 16 --max-workers 16
     else
-        record "probe-layouts-v3-seed$s" --count 20 --seed "$s"
+        record "probe-layouts-v4-seed$s" --count 20 --seed "$s"
     fi
 done
