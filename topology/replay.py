@@ -84,14 +84,14 @@ def max_min_rates(paths: Sequence[Sequence[Any]], capacity: dict[Any, float]) ->
     return rate
 
 
-def _path(src: int, dst: int, racks: Sequence[int]) -> list[Any]:
+def _path(src: int, dst: int, racks: Sequence[Any]) -> list[Any]:
     links: list[Any] = [("out", src), ("in", dst), ("cpu",)]
     if racks[src] != racks[dst]:
         links += [("up", racks[src]), ("down", racks[dst])]
     return links
 
 
-def capacities(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray]]) -> dict[Any, float]:
+def capacities(racks: Sequence[Any], observed: Sequence[tuple[list[Flow], np.ndarray]]) -> dict[Any, float]:
     """Each link's capacity under ``racks``: the most it was seen to carry at once."""
     capacity: dict[Any, float] = {}
     for flows, rates in observed:
@@ -112,13 +112,31 @@ def predict(flows: Sequence[Flow], racks: Sequence[int], capacity: dict[Any, flo
     return max_min_rates(paths, {link: capacity.get(link, fastest) for links in paths for link in links})
 
 
-def misfit(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray]]) -> float:
-    """How far the measured rates lie from the ones ``racks`` predicts (module docstring)."""
-    capacity = capacities(racks, observed)
+def misfit(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray]],
+           memo: dict[Any, float] | None = None) -> float:
+    """How far the measured rates lie from the ones ``racks`` predicts (module docstring).
+    ``memo`` keeps each round's misfit by what decides it (which of its flows share which
+    links, and those links' capacities), so answers that differ in one worker recompute
+    only the rounds that worker's racks touch."""
+    members: dict[int, list[int]] = {}
+    for i, r in enumerate(racks):
+        members.setdefault(r, []).append(i)
+    rack_id = {r: tuple(m) for r, m in members.items()}  # a link is known by its rack's members
+    named = [rack_id[r] for r in racks]
+    capacity = capacities(named, observed)
     total = 0.0
-    for flows, rates in observed:
-        err = np.log(np.maximum(rates, 1e-3) / np.maximum(predict(flows, racks, capacity), 1e-3))
-        total += float(np.minimum(err * err, FLOW_CAP).sum())
+    for k, (flows, rates) in enumerate(observed):
+        paths = [_path(s, d, named) for s, d in flows]
+        key = (k, tuple(tuple((link, capacity[link]) for link in links) for links in paths))
+        if memo is None or key not in memo:
+            want = max_min_rates(paths, capacity)
+            err = np.log(np.maximum(rates, 1e-3) / np.maximum(want, 1e-3))
+            value = float(np.minimum(err * err, FLOW_CAP).sum())
+            if memo is None:
+                total += value
+                continue
+            memo[key] = value
+        total += memo[key]
     return total
 
 
@@ -175,10 +193,11 @@ def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.n
     movable = list(range(n)) if movable is None else sorted(movable)
     labels = _canonical(racks)
     cache: dict[tuple[int, ...], float] = {}
+    memo: dict[Any, float] = {}
 
     def cost(lab: tuple[int, ...]) -> float:
         if lab not in cache:
-            cache[lab] = misfit(lab, observed)
+            cache[lab] = misfit(lab, observed, memo)
         return cache[lab]
 
     before = cost(labels)
@@ -196,14 +215,16 @@ def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.n
             labels, current = lab, best
         return labels, current, moves
 
-    # From the fitted answer, and from every movable worker in a rack of its own: where the
-    # uplinks are as fast as the NICs, one worker moved off a merged rack explains no flow
-    # (a rack shows only once two of its workers share its uplink), so the fitted answer's
-    # moves can stall where merges of single workers do not.
-    alone = list(labels)
-    for k, i in enumerate(movable):
-        alone[i] = max(labels) + 1 + k
-    found = [descend(labels), descend(_canonical(alone))]
+    # From the fitted answer, and where that is one rack, from every movable worker in a
+    # rack of its own: where the uplinks are as fast as the NICs, one worker moved off a
+    # merged rack explains no flow (a rack shows only once two of its workers share its
+    # uplink), so single moves from one rack stall where merges of single workers do not.
+    found = [descend(labels)]
+    if len({labels[i] for i in movable}) == 1:
+        alone = list(labels)
+        for k, i in enumerate(movable):
+            alone[i] = max(labels) + 1 + k
+        found.append(descend(_canonical(alone)))
     labels, current, moves = min(found, key=lambda f: (f[1] + (0 if f is found[0] else min_gain), ))
     if labels != found[0][0]:
         moves = [{"start": "every worker alone"}, *moves]
