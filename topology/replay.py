@@ -29,10 +29,11 @@ from typing import Any
 
 import numpy as np
 
+from dssync.topology.matrices import renumber_racks
 from dssync.topology.placement import RackFit
 
-__all__ = ["FLOW_CAP", "MIN_GAIN", "DOUBT", "Replay", "capacities", "concurrent_flows", "max_min_rates",
-           "misfit", "predict", "replay_fit", "replay_racks"]
+__all__ = ["DOUBT", "FLOW_CAP", "MIN_GAIN", "Replay", "capacities", "concurrent_flows", "max_min_rates",
+           "misfit", "replay_fit", "replay_racks"]
 
 #: A move must lower the misfit by this much (in squared natural-log units: about six
 #: flows halved that the answer now explains) to be taken: on two busy cores a worker whose
@@ -104,14 +105,6 @@ def capacities(racks: Sequence[Any], observed: Sequence[tuple[list[Flow], np.nda
     return capacity
 
 
-def predict(flows: Sequence[Flow], racks: Sequence[int], capacity: dict[Any, float]) -> np.ndarray:
-    """The max-min fair rates of ``flows`` run at once under ``racks`` with ``capacity`` (a
-    link never seen carrying anything gets the fastest NIC's)."""
-    paths = [_path(s, d, racks) for s, d in flows]
-    fastest = max((v for k, v in capacity.items() if k[0] in ("out", "in")), default=1.0)
-    return max_min_rates(paths, {link: capacity.get(link, fastest) for links in paths for link in links})
-
-
 def misfit(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray]],
            memo: dict[Any, float] | None = None) -> float:
     """How far the measured rates lie from the ones ``racks`` predicts (module docstring).
@@ -124,25 +117,20 @@ def misfit(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray
     rack_id = {r: tuple(m) for r, m in members.items()}  # a link is known by its rack's members
     named = [rack_id[r] for r in racks]
     capacity = capacities(named, observed)
+    memo = {} if memo is None else memo
     total = 0.0
     for k, (flows, rates) in enumerate(observed):
         paths = [_path(s, d, named) for s, d in flows]
         key = (k, tuple(tuple((link, capacity[link]) for link in links) for links in paths))
-        if memo is None or key not in memo:
-            want = max_min_rates(paths, capacity)
-            err = np.log(np.maximum(rates, 1e-3) / np.maximum(want, 1e-3))
-            value = float(np.minimum(err * err, FLOW_CAP).sum())
-            if memo is None:
-                total += value
-                continue
-            memo[key] = value
+        if key not in memo:
+            err = np.log(np.maximum(rates, 1e-3) / np.maximum(max_min_rates(paths, capacity), 1e-3))
+            memo[key] = float(np.minimum(err * err, FLOW_CAP).sum())
         total += memo[key]
     return total
 
 
 def _canonical(labels: Sequence[int]) -> tuple[int, ...]:
-    seen: dict[int, int] = {}
-    return tuple(seen.setdefault(x, len(seen)) for x in labels)
+    return tuple(renumber_racks(labels))  # hashable, one name per partition
 
 
 @dataclass
@@ -183,8 +171,7 @@ def _neighbours(labels: tuple[int, ...], movable: Sequence[int]) -> list[tuple[t
 
 
 def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray]],
-                 movable: Sequence[int] | None = None, min_gain: float = MIN_GAIN,
-                 max_moves: int | None = None) -> Replay:
+                 movable: Sequence[int] | None = None, min_gain: float = MIN_GAIN) -> Replay:
     """From ``racks``, the racks that explain ``observed`` best (module docstring).
 
     Only ``movable`` workers move (all by default; a worker whose NIC is slow both ways shows
@@ -204,7 +191,7 @@ def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.n
 
     def descend(labels: tuple[int, ...]) -> tuple[tuple[int, ...], float, list[dict[str, Any]]]:
         current, moves = cost(labels), []
-        for _ in range(max_moves if max_moves is not None else 2 * n):
+        for _ in range(2 * n):
             options = [(cost(lab), lab, what) for lab, what in _neighbours(labels, movable)]
             if not options:
                 break
