@@ -23,6 +23,7 @@ while one lowers the misfit by at least ``MIN_GAIN``.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +33,7 @@ import numpy as np
 from dssync.topology.matrices import renumber_racks
 from dssync.topology.placement import RackFit
 
-__all__ = ["DOUBT", "FLOW_CAP", "MIN_GAIN", "Replay", "capacities", "concurrent_flows", "max_min_rates",
+__all__ = ["DOUBT", "FLOW_CAP", "MIN_GAIN", "SEARCH_SECONDS", "Replay", "capacities", "concurrent_flows", "max_min_rates",
            "misfit", "replay_fit", "replay_racks"]
 
 #: A move must lower the misfit by this much (in squared natural-log units: about six
@@ -45,6 +46,11 @@ DOUBT = 1.0
 #: One flow's misfit at most: a factor of e away from its prediction (a busy host that held
 #: a flow back counts no more than that).
 FLOW_CAP = 1.0
+#: The search's CPU seconds at most (the misfit of one answer costs about 12 ms at 16
+#: workers, and the search from every worker alone tries hundreds of answers a step: 13-28 s
+#: unbounded on 16-worker rates). Where it runs out, it stops where it got to and says so;
+#: the margins of the answer it keeps are computed in full after it.
+SEARCH_SECONDS = 2.0
 
 Flow = tuple[int, int]
 
@@ -144,10 +150,17 @@ class Replay:
     after: float
     moves: list[dict[str, Any]] = field(default_factory=list)
     margins: dict[int, float] = field(default_factory=dict)
+    #: the search ran out of ``SEARCH_SECONDS`` before it stopped by itself
+    cut_short: bool = False
+    #: where the fit found one rack: the search from every worker alone, cut short, had
+    #: already found racks that explain the flows better by ``MIN_GAIN``; not taken (half an
+    #: agglomeration is no answer), but the one rack is in doubt
+    doubt_one_rack: bool = False
 
     def record(self) -> dict[str, Any]:
         return {"misfit_before": round(self.before, 3), "misfit_after": round(self.after, 3), "moves": self.moves,
-                "margins": {str(i): round(m, 3) for i, m in sorted(self.margins.items())}}
+                "margins": {str(i): round(m, 3) for i, m in sorted(self.margins.items())},
+                "cut_short": self.cut_short, "doubt_one_rack": self.doubt_one_rack}
 
 
 def _neighbours(labels: tuple[int, ...], movable: Sequence[int]) -> list[tuple[tuple[int, ...], dict[str, Any]]]:
@@ -171,11 +184,13 @@ def _neighbours(labels: tuple[int, ...], movable: Sequence[int]) -> list[tuple[t
 
 
 def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray]],
-                 movable: Sequence[int] | None = None, min_gain: float = MIN_GAIN) -> Replay:
+                 movable: Sequence[int] | None = None, min_gain: float = MIN_GAIN,
+                 seconds: float = SEARCH_SECONDS) -> Replay:
     """From ``racks``, the racks that explain ``observed`` best (module docstring).
 
     Only ``movable`` workers move (all by default; a worker whose NIC is slow both ways shows
-    nothing in its flows and stays where it was placed)."""
+    nothing in its flows and stays where it was placed). The search stops after ``seconds``
+    of CPU time wherever it is (``cut_short``)."""
     n = len(racks)
     movable = list(range(n)) if movable is None else sorted(movable)
     labels = _canonical(racks)
@@ -188,11 +203,18 @@ def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.n
         return cache[lab]
 
     before = cost(labels)
+    deadline = time.process_time() + seconds
+    cut = [False]
 
     def descend(labels: tuple[int, ...]) -> tuple[tuple[int, ...], float, list[dict[str, Any]]]:
         current, moves = cost(labels), []
         for _ in range(2 * n):
-            options = [(cost(lab), lab, what) for lab, what in _neighbours(labels, movable)]
+            options = []
+            for lab, what in _neighbours(labels, movable):
+                if time.process_time() > deadline:
+                    cut[0] = True
+                    return labels, current, moves
+                options.append((cost(lab), lab, what))
             if not options:
                 break
             best, lab, what = min(options, key=lambda o: o[0])
@@ -207,11 +229,17 @@ def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.n
     # merged rack explains no flow (a rack shows only once two of its workers share its
     # uplink), so single moves from one rack stall where merges of single workers do not.
     found = [descend(labels)]
-    if len({labels[i] for i in movable}) == 1:
+    doubt = False
+    if len({labels[i] for i in movable}) == 1 and not cut[0]:
         alone = list(labels)
         for k, i in enumerate(movable):
             alone[i] = max(labels) + 1 + k
-        found.append(descend(_canonical(alone)))
+        start = _canonical(alone)
+        from_alone = descend(start)
+        if not cut[0]:
+            found.append(from_alone)
+        else:  # half an agglomeration is no answer; that it already explains more doubts the one rack
+            doubt = from_alone[1] <= found[0][1] - min_gain
     labels, current, moves = min(found, key=lambda f: (f[1] + (0 if f is found[0] else min_gain), ))
     if labels != found[0][0]:
         moves = [{"start": "every worker alone"}, *moves]
@@ -220,7 +248,8 @@ def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.n
         if "move" in what:
             i = what["move"]
             margins[i] = min(margins.get(i, math.inf), cost(lab) - current)
-    return Replay(racks=list(labels), before=before, after=current, moves=moves, margins=margins)
+    return Replay(racks=list(labels), before=before, after=current, moves=moves, margins=margins,
+                  cut_short=cut[0], doubt_one_rack=doubt)
 
 
 def _mates(racks: Sequence[int], i: int) -> set[int]:
@@ -240,7 +269,7 @@ def replay_fit(fit: RackFit, observed: Sequence[tuple[list[Flow], np.ndarray]]) 
     movable = sorted(i for members in fit.groups for i in members)
     if len(movable) < 2 or not observed:
         return None
-    replay = replay_racks(fit.racks(), observed, movable)
+    replay = replay_racks(fit.racks(), observed, movable, seconds=SEARCH_SECONDS)
     if replay.moves and fit.blind:
         # not taken: the ranks the replay would move are doubted, and the margins are the
         # fitted answer's own
@@ -256,4 +285,6 @@ def replay_fit(fit: RackFit, observed: Sequence[tuple[list[Flow], np.ndarray]]) 
         fit.metric = f"{fit.metric}+replay"
     bar = MIN_GAIN if replay.moves else -DOUBT
     fit.unexplained = {i for i, m in replay.margins.items() if m < bar}
+    if replay.doubt_one_rack:
+        fit.unexplained = set(movable)
     return replay

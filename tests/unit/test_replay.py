@@ -125,3 +125,46 @@ def test_a_blind_rank_keeps_the_fitted_groups():
 
 def test_one_clear_rank_has_nothing_to_replay():
     assert replay_fit(RackFit(n=1, groups=[[0]]), []) is None
+
+
+def test_a_search_out_of_time_stops_where_it_is_and_says_so():
+    layout = Layout((1, 1, 3))
+    observed = concurrent_flows(measured(layout, seed=0))
+    replay = replay_racks([0] * 5, observed, seconds=0.0)
+    assert replay.cut_short and not replay.moves and not replay.doubt_one_rack
+    assert replay.racks == [0] * 5
+    assert sorted(replay.margins) == list(range(5)), "the kept answer's margins are computed in full"
+
+
+class _Ticks:
+    """A CPU clock that advances one second each time it is read: the search's budget in
+    answers tried instead of seconds, the same on every machine."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_one_rack_is_doubted_where_the_search_from_every_worker_alone_ran_out_ahead_of_it(monkeypatch):
+    """Cut short, the search from every worker alone is half an agglomeration and is not
+    taken; where it already explains the flows better than the fitted one rack by MIN_GAIN,
+    every worker is unsure."""
+    import dssync.topology.replay as replay_module
+
+    layout = Layout((1, 1, 3))
+    observed = concurrent_flows(measured(layout, seed=0))
+    clock = _Ticks()
+    monkeypatch.setattr(replay_module.time, "process_time", clock)
+    whole = replay_racks([0] * 5, observed, seconds=1e9)
+    assert not whole.cut_short and same_network(layout, Answer(tuple(whole.racks)))
+    reads = clock.now
+    # the same search with three reads fewer: cut in its last look around the racks it found
+    clock.now = 0.0
+    monkeypatch.setattr(replay_module, "SEARCH_SECONDS", reads - 3)
+    fit = RackFit(n=5, groups=[[0, 1, 2, 3, 4]])
+    replay = replay_fit(fit, observed)
+    assert replay is not None and replay.cut_short and replay.doubt_one_rack
+    assert fit.groups == [[0, 1, 2, 3, 4]] and fit.unexplained == {0, 1, 2, 3, 4}
