@@ -345,18 +345,27 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def probe_layout(layout: Layout, *, name: str, probe_args: Sequence[str] = (),
-                 timeout_s: float = 300.0) -> dict[str, Any]:
+                 timeout_s: float = 300.0, rate_scale: float = 1.0) -> dict[str, Any]:
     """Build ``layout``, put its contention on, run ``dssync emulate run -- dssync probe``, and
     return the topology.json it wrote, with ``whole_seconds``: the wall time of that whole
     command as a user waits for it (start-up, rendezvous, every phase, the file written).
+    Every rate of the layout (NICs, uplinks, the slower ones) is built at ``rate_scale`` of
+    its value: the layout's ratios, which decide its racks and flags, stay as drawn.
     The cluster is removed however this ends."""
     from dssync.launch import emulate
 
-    with emulate.cluster(list(layout.rack_sizes), name=name), tempfile.TemporaryDirectory() as tmp:
+    if not 0 < rate_scale <= 1:
+        raise ValueError(f"rate_scale must be in (0, 1], got {rate_scale}")
+
+    def scaled(rate: str) -> str:
+        return emulate.format_rate(round(emulate.parse_rate(rate) * rate_scale))
+
+    with emulate.cluster(list(layout.rack_sizes), nic=scaled("1gbit"), uplink=scaled("1gbit"), name=name), \
+            tempfile.TemporaryDirectory() as tmp:
         for rack, rate in layout.slow_uplinks.items():
-            emulate.contend(name=name, rack=rack, uplink=rate)
+            emulate.contend(name=name, rack=rack, uplink=scaled(rate))
         for rank, rate in layout.slow_nics.items():
-            emulate.contend(name=name, rank=rank, nic=rate)
+            emulate.contend(name=name, rank=rank, nic=scaled(rate))
         if layout.uplink_flows:
             emulate.contend(name=name, flows=[("rack", r) for r in layout.uplink_flows], streams=UPLINK_FLOW_STREAMS)
         if layout.nic_flows:
@@ -380,12 +389,13 @@ def rescore(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_layouts(layouts: Sequence[Layout], *, name: str = "pbl", probe_args: Sequence[str] = (),
+                rate_scale: float = 1.0,
                 report: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Probe every layout in turn; the scored rows, the summary and the raw topologies."""
     rows, raw = [], []
     started = time.time()
     for layout in layouts:
-        topology = probe_layout(layout, name=name, probe_args=probe_args)
+        topology = probe_layout(layout, name=name, probe_args=probe_args, rate_scale=rate_scale)
         row = score(layout, topology)
         rows.append(row)
         raw.append(topology)

@@ -2,7 +2,8 @@
 # The prober's records on seeded random layouts (issue 37's measure): 20 layouts each on
 # seeds 0, 1 and 2 at 4-9 workers, and 5 layouts of 16 workers, each built, probed with the
 # whole `dssync emulate run -- dssync probe` timed, and scored by the same-network rule.
-# SEEDS="2" bash bench/probe_records.sh runs a subset (names: 0 1 2 16w). Needs root;
+# SEEDS="2" bash bench/probe_records.sh runs a subset (names: 0 1 2 16w, and 2q: seed 2 with
+# every rate at a quarter, where the two cores no longer bound the flows). Needs root;
 # about 15 minutes a seed on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,9 +20,11 @@ record() {  # NAME ARGS...: the record NAME.json and its console output NAME.txt
     rm -f "$r/$name.txt.new"
 }
 for s in ${SEEDS:-0 1 2 16w}; do
-    if [[ $s == 16w ]]; then
-        record probe-layouts-v4-16w --count 5 --seed 16 --min-workers 16 --max-workers 16
+    if [[ $s == 2q ]]; then
+        record probe-layouts-v5-seed2-quarter --count 20 --seed 2 --rate-scale 0.25
+    elif [[ $s == 16w ]]; then
+        record probe-layouts-v5-16w --count 5 --seed 16 --min-workers 16 --max-workers 16
     else
-        record "probe-layouts-v4-seed$s" --count 20 --seed "$s"
+        record "probe-layouts-v5-seed$s" --count 20 --seed "$s"
     fi
 done

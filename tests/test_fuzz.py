@@ -355,6 +355,8 @@ BAD_FLAGS = {
     "bench probe-backends --seconds 0": ["bench", "probe-backends", "--seconds", "0"],
     "bench probe-layouts --count 0": ["bench", "probe-layouts", "--count", "0"],
     "bench probe-layouts --max-workers 1": ["bench", "probe-layouts", "--max-workers", "1"],
+    "bench probe-layouts --rate-scale 0": ["bench", "probe-layouts", "--rate-scale", "0"],
+    "bench probe-layouts --rate-scale 2": ["bench", "probe-layouts", "--rate-scale", "2"],
     "bench nothing": ["bench"],
     "bench nope": ["bench", "nope"],
     "emulate up --rack-sizes 0": ["emulate", "up", "--rack-sizes", "0"],

@@ -27,11 +27,22 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
     g.add_argument("--min-workers", type=positive_int, default=4, help="smallest world drawn (default %(default)s)")
     g.add_argument("--probe-args", default="", metavar="ARGS",
                    help="extra `dssync probe` options, one string (e.g. '--bandwidth-seconds 0.5')")
+    g.add_argument("--rate-scale", type=_scale, default=1.0, metavar="F",
+                   help="build every rate of the layouts at F of its value, 0 < F <= 1 (on few cores the "
+                   "CPU, not the links, bounds many emulated flows at once; the ratios that decide the "
+                   "racks and flags stay as drawn; default %(default)s)")
     g.add_argument("--json", metavar="OUT", help="write every row, the summary and the raw topologies")
     g.add_argument("--rescore", metavar="RECORD",
                    help="score the layouts and topologies of an earlier --json RECORD by today's rules "
                    "instead of probing (the record keeps its measured provenance as `measured`)")
     g.set_defaults(run=_outputs_checked(run_probe_layouts))
+
+
+def _scale(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"a rate scale is in (0, 1], got {text}")
+    return value
 
 
 def run_probe_layouts(args: argparse.Namespace) -> int:
@@ -53,13 +64,14 @@ def run_probe_layouts(args: argparse.Namespace) -> int:
 
         earlier = json.loads(Path(args.rescore).read_text())
         result, measured = rescore(earlier), earlier.get("provenance")
+        args.rate_scale = earlier.get("rate_scale", 1.0)
         seed = re.search(r"--seed (\S+)", earlier.get("command", ""))
         args.seed = seed.group(1) if seed else "?"
     else:
         layouts = generate(args.count, args.seed, max_workers=args.max_workers, min_workers=args.min_workers)
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("probing layouts", total=len(layouts))
-            result = run_layouts(layouts, probe_args=shlex.split(args.probe_args),
+            result = run_layouts(layouts, probe_args=shlex.split(args.probe_args), rate_scale=args.rate_scale,
                                  report=lambda row: progress.advance(task))
     layouts = result["rows"]
     table = Table(title=f"dssync probe on {len(layouts)} random layouts (seed {args.seed})")
@@ -93,9 +105,12 @@ def run_probe_layouts(args: argparse.Namespace) -> int:
     if args.json:
         command = (f"dssync bench probe-layouts --count {args.count} --seed {args.seed} --max-workers {args.max_workers}"
                    f" --min-workers {args.min_workers}")
+        if args.rate_scale != 1:
+            command += f" --rate-scale {args.rate_scale}"
         if args.rescore:
             command = f"dssync bench probe-layouts --rescore {args.rescore}"
         extra = {"measured": measured} if measured else {}
-        write_json(args.json, stamp({"command": command, "probe_args": args.probe_args, **extra, **result},
+        write_json(args.json, stamp({"command": command, "probe_args": args.probe_args,
+                                     "rate_scale": args.rate_scale, **extra, **result},
                                     args.provenance))
     return 0
