@@ -370,6 +370,11 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
                                        for g, p in d.items()} for j, d in delays.items()}
     confidence["phase_seconds"] = phase_seconds
     confidence["pair_passes"] = pair_passes
+    # every pass's rounds and the rate each flow got: what the replay read, kept so that a
+    # rack a later reader doubts can be checked against the flows themselves
+    confidence["pair_rates"] = [{"rounds": [[list(p) for p in pairs] for pairs in pass_rounds],
+                                 "gbps": np.round(np.asarray(bw, dtype=float), 4).tolist()}
+                                for pass_rounds, bw in raw]
     if replay_record is not None:
         confidence["replay"] = replay_record
     if prior_racks is not None:

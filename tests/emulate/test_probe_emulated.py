@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dssync.launch import emulate
@@ -61,6 +62,15 @@ def test_probe_finds_the_racks_and_exactly_the_contended_links(case, name, tmp_p
     conf = topo["confidence"]
     assert topo["probe"]["rounds"] == (sum(sizes) - 1 if sum(sizes) % 2 == 0 else sum(sizes))
     assert 2 <= conf["pair_passes"] <= 3, conf
+    # every pass's raw rates are kept: each pass meets every pair once, and the bandwidth
+    # written is each path's best over them
+    n = sum(sizes)
+    assert len(conf["pair_rates"]) == conf["pair_passes"]
+    for one in conf["pair_rates"]:
+        met = sorted(tuple(sorted(p)) for pairs in one["rounds"] for p in pairs)
+        assert met == [(i, j) for i in range(n) for j in range(i + 1, n)]
+    best = np.max([np.asarray(one["gbps"]) for one in conf["pair_rates"]], axis=0)
+    np.testing.assert_allclose(best, np.asarray(topo["bandwidth_gbps"]), atol=1e-3)
     found = [w["rack"] for w in topo["workers"]]
     right = (found == [r for r, size in enumerate(racks) for _ in range(size)]
              and [u["rack"] for u in topo["contention"]["uplinks"]] == slow_uplinks
