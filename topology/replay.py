@@ -33,7 +33,8 @@ import numpy as np
 from dssync.topology.matrices import renumber_racks
 from dssync.topology.placement import RackFit
 
-__all__ = ["DOUBT", "FLOW_CAP", "MIN_GAIN", "SEARCH_SECONDS", "Replay", "capacities", "concurrent_flows", "max_min_rates",
+__all__ = ["DOUBT", "FLOW_CAP", "MIN_GAIN", "SEARCH_SECONDS", "Replay", "capacities", "concurrent_flows",
+           "cut_partitions", "max_min_rates",
            "misfit", "replay_fit", "replay_racks"]
 
 #: A move must lower the misfit by this much (in squared natural-log units: about six
@@ -46,11 +47,12 @@ DOUBT = 1.0
 #: One flow's misfit at most: a factor of e away from its prediction (a busy host that held
 #: a flow back counts no more than that).
 FLOW_CAP = 1.0
-#: The search's CPU seconds at most (the misfit of one answer costs about 12 ms at 16
-#: workers, and the search from every worker alone tries hundreds of answers a step: 13-28 s
-#: unbounded on 16-worker rates). Where it runs out, it stops where it got to and says so;
-#: the margins of the answer it keeps are computed in full after it.
-SEARCH_SECONDS = 2.0
+#: The search's CPU seconds at most (the misfit of one answer costs 12-24 ms at 16 workers:
+#: the clusterings' 70-90 cuts take about 2 s, and the search from every worker alone tries
+#: hundreds of answers a step: 13-28 s unbounded on 16-worker rates). Where it runs out, it
+#: stops where it got to and says so; the margins of the answer it keeps are computed in
+#: full after it.
+SEARCH_SECONDS = 3.0
 
 Flow = tuple[int, int]
 
@@ -135,6 +137,33 @@ def misfit(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray
     return total
 
 
+def cut_partitions(passes: Sequence[np.ndarray]) -> list[tuple[int, ...]]:
+    """Every cut of the clusterings of the pass matrices (Gbit/s, ``passes``): each path's
+    best, worst and median over the passes, each made symmetric by its faster direction,
+    as distances -log(rate / fastest), clustered by average, complete and single linkage
+    and cut at every number of racks. The best shows a boundary where crossing it costs a
+    lone flow; the worst and median keep the rounds in which flows shared a link."""
+    from scipy.cluster.hierarchy import fcluster, linkage
+    from scipy.spatial.distance import squareform
+
+    stack = np.asarray(passes, dtype=float)
+    n = stack.shape[1]
+    if n < 2:
+        return []
+    off = ~np.eye(n, dtype=bool)
+    out: set[tuple[int, ...]] = set()
+    for mat in (stack.max(axis=0), np.where(off, stack, np.inf).min(axis=0), np.median(stack, axis=0)):
+        sym = np.maximum(mat, mat.T)
+        top = max(float(sym[off].max()), 1e-3)
+        dist = -np.log(np.clip(sym, 1e-3, top) / top)
+        np.fill_diagonal(dist, 0.0)
+        for method in ("average", "complete", "single"):
+            tree = linkage(squareform(dist, checks=False), method)
+            for k in range(1, n + 1):
+                out.add(_canonical(list(fcluster(tree, k, "maxclust"))))
+    return sorted(out)
+
+
 def _canonical(labels: Sequence[int]) -> tuple[int, ...]:
     return tuple(renumber_racks(labels))  # hashable, one name per partition
 
@@ -185,12 +214,14 @@ def _neighbours(labels: tuple[int, ...], movable: Sequence[int]) -> list[tuple[t
 
 def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray]],
                  movable: Sequence[int] | None = None, min_gain: float = MIN_GAIN,
-                 seconds: float = SEARCH_SECONDS) -> Replay:
+                 seconds: float = SEARCH_SECONDS, starts: Sequence[Sequence[int]] = ()) -> Replay:
     """From ``racks``, the racks that explain ``observed`` best (module docstring).
 
     Only ``movable`` workers move (all by default; a worker whose NIC is slow both ways shows
-    nothing in its flows and stays where it was placed). The search stops after ``seconds``
-    of CPU time wherever it is (``cut_short``)."""
+    nothing in its flows and stays where it was placed). ``starts`` are other answers to
+    search from (every worker's rack in each; the unmovable stay where ``racks`` puts them):
+    the one that explains the flows best, where it beats ``racks`` by ``min_gain``. The
+    search stops after ``seconds`` of CPU time wherever it is (``cut_short``)."""
     n = len(racks)
     movable = list(range(n)) if movable is None else sorted(movable)
     labels = _canonical(racks)
@@ -228,7 +259,25 @@ def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.n
     # rack of its own: where the uplinks are as fast as the NICs, one worker moved off a
     # merged rack explains no flow (a rack shows only once two of its workers share its
     # uplink), so single moves from one rack stall where merges of single workers do not.
-    found = [descend(labels)]
+    # The clusterings' cuts (``cut_partitions``) first: where a lone flow shows the racks
+    # only faintly, some cut of some pass matrix is often the whole answer at once, which no
+    # chain of single moves that each explain MIN_GAIN more reaches. A cut is a whole answer,
+    # so it is taken even where the search from it runs out of time.
+    fixed = {i: labels[i] for i in range(n) if i not in set(movable)}
+    tried = []
+    for start in starts:
+        if time.process_time() > deadline:
+            cut[0] = True
+            break
+        mine = _canonical([start[i] if i not in fixed else n + fixed[i] for i in range(n)])
+        tried.append((cost(mine), mine))
+    found = []
+    if tried:
+        best_cost, best_start = min(tried)
+        if best_cost + min_gain <= before:
+            found.append(("a clustering's cut", *descend(best_start)))
+    fitted = descend(labels)
+    found.insert(0, ("the fit", *fitted))
     doubt = False
     if len({labels[i] for i in movable}) == 1 and not cut[0]:
         alone = list(labels)
@@ -237,12 +286,12 @@ def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.n
         start = _canonical(alone)
         from_alone = descend(start)
         if not cut[0]:
-            found.append(from_alone)
+            found.append(("every worker alone", *from_alone))
         else:  # half an agglomeration is no answer; that it already explains more doubts the one rack
-            doubt = from_alone[1] <= found[0][1] - min_gain
-    labels, current, moves = min(found, key=lambda f: (f[1] + (0 if f is found[0] else min_gain), ))
-    if labels != found[0][0]:
-        moves = [{"start": "every worker alone"}, *moves]
+            doubt = from_alone[1] <= fitted[1] - min_gain
+    name, labels, current, moves = min(found, key=lambda f: f[2] + (0 if f[0] == "the fit" else min_gain))
+    if name != "the fit":
+        moves = [{"start": name}, *moves]
     margins: dict[int, float] = {}
     for lab, what in _neighbours(labels, movable):
         if "move" in what:
@@ -256,7 +305,8 @@ def _mates(racks: Sequence[int], i: int) -> set[int]:
     return {j for j, r in enumerate(racks) if r == racks[i]}
 
 
-def replay_fit(fit: RackFit, observed: Sequence[tuple[list[Flow], np.ndarray]]) -> Replay | None:
+def replay_fit(fit: RackFit, observed: Sequence[tuple[list[Flow], np.ndarray]],
+               starts: Sequence[Sequence[int]] = ()) -> Replay | None:
     """Check ``fit`` against ``observed`` and change it in place: its clear ranks' groups
     become the replay's racks when a move was taken (only where no rank is blind: a blind
     rank's candidates and placement name the fitted groups; there the ranks it would move
@@ -269,7 +319,7 @@ def replay_fit(fit: RackFit, observed: Sequence[tuple[list[Flow], np.ndarray]]) 
     movable = sorted(i for members in fit.groups for i in members)
     if len(movable) < 2 or not observed:
         return None
-    replay = replay_racks(fit.racks(), observed, movable, seconds=SEARCH_SECONDS)
+    replay = replay_racks(fit.racks(), observed, movable, seconds=SEARCH_SECONDS, starts=starts)
     if replay.moves and fit.blind:
         # not taken: the ranks the replay would move are doubted, and the margins are the
         # fitted answer's own

@@ -59,7 +59,7 @@ from dssync.topology.model import Topology, Worker
 from dssync.topology.placement import RackFit, filled, place_behind_standing_queue, place_blind
 from dssync.topology.prior import RackPrior, weigh_prior
 from dssync.topology.racks import fit_racks
-from dssync.topology.replay import concurrent_flows, replay_fit
+from dssync.topology.replay import concurrent_flows, cut_partitions, replay_fit
 
 __all__ = [
     "BACKENDS",
@@ -196,7 +196,7 @@ def _replay(comm: Communicator, fit: RackFit, raw: list[tuple[list[list[tuple[in
     The replay's record, or None where it had nothing to check."""
     mine = None
     if comm.rank == 0:
-        replay = replay_fit(fit, concurrent_flows(raw))
+        replay = replay_fit(fit, concurrent_flows(raw), starts=cut_partitions([bw for _, bw in raw]))
         if replay is not None:
             mine = (fit.groups, fit.margins, fit.metric, fit.unexplained, replay.record())
     decided = comm.allgather_object(mine)[0]

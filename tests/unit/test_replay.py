@@ -6,6 +6,7 @@ busy host slows them."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +18,7 @@ from dssync.topology.replay import (
     DOUBT,
     MIN_GAIN,
     concurrent_flows,
+    cut_partitions,
     max_min_rates,
     misfit,
     replay_fit,
@@ -168,3 +170,40 @@ def test_one_rack_is_doubted_where_the_search_from_every_worker_alone_ran_out_ah
     replay = replay_fit(fit, observed)
     assert replay is not None and replay.cut_short and replay.doubt_one_rack
     assert fit.groups == [[0, 1, 2, 3, 4]] and fit.unexplained == {0, 1, 2, 3, 4}
+
+
+def test_cut_partitions_hold_every_number_of_racks_and_the_blocks_of_a_clear_matrix():
+    # two racks of 0.9 Gbit/s inside, 0.2 across: the cut at two racks is the blocks
+    bw = np.full((5, 5), 0.2)
+    bw[:3, :3] = bw[3:, 3:] = 0.9
+    np.fill_diagonal(bw, 0.0)
+    cuts = cut_partitions([bw, bw * 0.95])
+    assert (0, 0, 0, 1, 1) in cuts
+    assert (0, 0, 0, 0, 0) in cuts and (0, 1, 2, 3, 4) in cuts
+    assert cut_partitions([np.zeros((1, 1))]) == []
+
+
+@pytest.mark.parametrize("sizes", [(3, 2, 2), (2, 2, 2, 2), (4, 5, 3, 4)])
+@pytest.mark.parametrize("seed", range(2))
+def test_from_one_rack_a_clusterings_cut_reaches_racks_no_chain_of_single_moves_does(sizes, seed):
+    """Uplinks as fast as NICs: no lone flow shows the racks, and no single move or merge
+    from one rack (or from every worker alone) explains MIN_GAIN more; the cut of a pass
+    matrix whose rounds shared the uplinks is the whole answer at once."""
+    layout = Layout(sizes)
+    passes = measured(layout, seed)
+    observed = concurrent_flows(passes)
+    one_rack = [0] * sum(sizes)
+    assert not same_network(layout, Answer(tuple(replay_racks(one_rack, observed).racks)))
+    replay = replay_racks(one_rack, observed, starts=cut_partitions([bw for _, bw in passes]))
+    assert replay.moves[0] == {"start": "a clustering's cut"}
+    assert same_network(layout, Answer(tuple(replay.racks)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(sizes=st.lists(st.integers(1, 4), min_size=2, max_size=4).filter(lambda s: 4 <= sum(s) <= 9),
+       seed=st.integers(0, 2**16))
+def test_from_the_true_racks_no_cut_explains_the_flows_better(sizes, seed):
+    layout = Layout(tuple(sizes))
+    passes = measured(layout, seed)
+    replay = replay_racks(layout.racks, concurrent_flows(passes), starts=cut_partitions([bw for _, bw in passes]))
+    assert same_network(layout, Answer(tuple(replay.racks))), replay.moves
