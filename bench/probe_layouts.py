@@ -284,6 +284,7 @@ def score(layout: Layout, topology: dict[str, Any]) -> dict[str, Any]:
     conf = topology.get("confidence", {})
     confident = bool(conf.get("confident", True))
     right = exact or same
+    tell = None if racks_same else flows_tell(layout, topology)
     return {
         "layout": layout.describe(), "spec": asdict(layout), "kinds": kinds(layout), "racks_found": found,
         "exact": exact, "same_network": same, "right": right,
@@ -303,7 +304,28 @@ def score(layout: Layout, topology: dict[str, Any]) -> dict[str, Any]:
         "probe_seconds": topology["probe"]["seconds"],
         "whole_seconds": topology.get("whole_seconds"),
         "world_size": len(found),
+        # racks not the same network: would the pairs' own flows have told (``flows_tell``)?
+        "flows_tell": tell,
     }
+
+
+def flows_tell(layout: Layout, topology: dict[str, Any]) -> str | None:
+    """Whether the pairs phase's own flows (``confidence.pair_rates``) tell the racks that
+    were built from the ones found: ``"missed"`` where the built racks explain them better
+    by ``MIN_GAIN`` (the replay's search did not reach them), ``"faintly"`` by ``DOUBT``,
+    ``"no"`` not even that (no round put two flows where the two answers differ). None where
+    the topology keeps no rates."""
+    import numpy as np
+
+    from dssync.topology.replay import DOUBT, MIN_GAIN, concurrent_flows, misfit
+
+    passes = topology.get("confidence", {}).get("pair_rates")
+    if not passes:
+        return None
+    observed = concurrent_flows([(p["rounds"], np.asarray(p["gbps"], dtype=float)) for p in passes])
+    found = [w["rack"] for w in topology["workers"]]
+    gap = misfit(found, observed) - misfit(layout.racks, observed)
+    return "missed" if gap >= MIN_GAIN else "faintly" if gap >= DOUBT else "no"
 
 
 def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -338,6 +360,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
                                              for r in rows),
         "flag_precision": tp / reported if reported else 1.0,
         "flag_recall": tp / true if true else 1.0,
+        # wrong racks by whether the pairs' flows told them from the built ones
+        **{f"racks_wrong_flows_{k}": sum(r.get("flows_tell") == k for r in rows) for k in ("missed", "faintly", "no")},
         "probe_seconds_median": statistics.median(seconds),
         "probe_seconds_max": max(seconds),
         **({"whole_seconds_median": statistics.median(whole), "whole_seconds_max": max(whole)} if whole else {}),

@@ -207,3 +207,21 @@ def test_from_the_true_racks_no_cut_explains_the_flows_better(sizes, seed):
     passes = measured(layout, seed)
     replay = replay_racks(layout.racks, concurrent_flows(passes), starts=cut_partitions([bw for _, bw in passes]))
     assert same_network(layout, Answer(tuple(replay.racks))), replay.moves
+
+
+def test_flows_tell_says_whether_the_pairs_flows_would_have_told_the_racks_apart():
+    from dssync.bench.probe_layouts import flows_tell
+
+    def topology(layout, found, passes):
+        return {"workers": [{"rack": r} for r in found],
+                "confidence": {"pair_rates": [{"rounds": rounds, "gbps": bw.tolist()} for rounds, bw in passes]}}
+
+    # 1,1,3 written as one rack: the halved rounds tell (the search should have moved them)
+    layout = Layout((1, 1, 3))
+    passes = measured(layout, seed=0)
+    assert flows_tell(layout, topology(layout, [0] * 5, passes)) == "missed"
+    assert flows_tell(layout, {"workers": [{"rack": 0}] * 5, "confidence": {}}) is None
+    # 3,1 with the lone worker put with the three: one flow per NIC, no round shares an uplink
+    layout = Layout((3, 1))
+    passes = measured(layout, seed=0)
+    assert flows_tell(layout, topology(layout, [0, 0, 0, 0], passes)) == "no"
