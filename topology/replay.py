@@ -255,10 +255,11 @@ def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.n
             labels, current = lab, best
         return labels, current, moves
 
-    # From the fitted answer, and where that is one rack, from every movable worker in a
-    # rack of its own: where the uplinks are as fast as the NICs, one worker moved off a
-    # merged rack explains no flow (a rack shows only once two of its workers share its
-    # uplink), so single moves from one rack stall where merges of single workers do not.
+    # Three starts, in this order under the budget: the clusterings' best cut, the fitted
+    # answer, and, where that is one rack, every movable worker in a rack of its own (where
+    # the uplinks are as fast as the NICs, one worker moved off a merged rack explains no
+    # flow: a rack shows only once two of its workers share its uplink, so single moves from
+    # one rack stall where merges of single workers do not).
     # The clusterings' cuts (``cut_partitions``) first: where a lone flow shows the racks
     # only faintly, some cut of some pass matrix is often the whole answer at once, which no
     # chain of single moves that each explain MIN_GAIN more reaches. A cut is a whole answer,
