@@ -237,13 +237,16 @@ def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.n
     deadline = time.process_time() + seconds
     cut = [False]
 
+    def out_of_time() -> bool:
+        cut[0] = cut[0] or time.process_time() > deadline
+        return cut[0]
+
     def descend(labels: tuple[int, ...]) -> tuple[tuple[int, ...], float, list[dict[str, Any]]]:
         current, moves = cost(labels), []
         for _ in range(2 * n):
             options = []
             for lab, what in _neighbours(labels, movable):
-                if time.process_time() > deadline:
-                    cut[0] = True
+                if out_of_time():
                     return labels, current, moves
                 options.append((cost(lab), lab, what))
             if not options:
@@ -255,20 +258,17 @@ def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.n
             labels, current = lab, best
         return labels, current, moves
 
-    # Three starts, in this order under the budget: the clusterings' best cut, the fitted
-    # answer, and, where that is one rack, every movable worker in a rack of its own (where
-    # the uplinks are as fast as the NICs, one worker moved off a merged rack explains no
-    # flow: a rack shows only once two of its workers share its uplink, so single moves from
-    # one rack stall where merges of single workers do not).
-    # The clusterings' cuts (``cut_partitions``) first: where a lone flow shows the racks
-    # only faintly, some cut of some pass matrix is often the whole answer at once, which no
-    # chain of single moves that each explain MIN_GAIN more reaches. A cut is a whole answer,
-    # so it is taken even where the search from it runs out of time.
+    # Three starts, in this order under the budget. The clusterings' best cut: where a lone
+    # flow shows the racks only faintly, a cut is often the whole answer at once, which no
+    # chain of single moves that each explain MIN_GAIN more reaches; being whole, it is kept
+    # even where the search from it runs out of time. The fitted answer. And where that is
+    # one rack, every movable worker alone: with uplinks as fast as NICs a rack shows only
+    # once two of its workers share its uplink, so single moves from one rack stall where
+    # merges of single workers do not.
     fixed = {i: labels[i] for i in range(n) if i not in set(movable)}
     tried = []
     for start in starts:
-        if time.process_time() > deadline:
-            cut[0] = True
+        if out_of_time():
             break
         mine = _canonical([start[i] if i not in fixed else n + fixed[i] for i in range(n)])
         tried.append((cost(mine), mine))

@@ -42,6 +42,11 @@ def test_concurrent_flows_are_a_rounds_pairs_one_direction_at_a_time():
     np.testing.assert_allclose(out[1][1], [0.8, 0.4])
 
 
+def rack_sizes(most_racks: int) -> st.SearchStrategy[list[int]]:
+    """2 to ``most_racks`` racks of 1-4 workers, 4-9 workers in all."""
+    return st.lists(st.integers(1, 4), min_size=2, max_size=most_racks).filter(lambda s: 4 <= sum(s) <= 9)
+
+
 def measured(layout: Layout, seed: int, passes: int = 3) -> list:
     """The pairs phase's passes on ``layout`` as the bench's link model rates them, each rate
     slowed by a random 0-15 % (a busy host never speeds a flow up)."""
@@ -73,7 +78,7 @@ def test_a_rack_of_three_behind_an_uplink_as_fast_as_its_nics_is_found_where_the
 
 
 @settings(max_examples=25, deadline=None)
-@given(sizes=st.lists(st.integers(1, 4), min_size=2, max_size=3).filter(lambda s: 4 <= sum(s) <= 9),
+@given(sizes=rack_sizes(3),
        seed=st.integers(0, 2**16))
 def test_the_true_racks_stay_where_they_are(sizes, seed):
     """Started from the racks that were built, no move explains the flows better by MIN_GAIN."""
@@ -83,7 +88,7 @@ def test_the_true_racks_stay_where_they_are(sizes, seed):
 
 
 @settings(max_examples=25, deadline=None)
-@given(sizes=st.lists(st.integers(1, 4), min_size=2, max_size=3).filter(lambda s: 4 <= sum(s) <= 9),
+@given(sizes=rack_sizes(3),
        seed=st.integers(0, 2**16), data=st.data())
 def test_a_worker_put_in_the_wrong_rack_is_moved_back_or_named_unsure(sizes, seed, data):
     """From the built racks with one worker moved to another rack (what a fit misled by a
@@ -200,7 +205,7 @@ def test_from_one_rack_a_clusterings_cut_reaches_racks_no_chain_of_single_moves_
 
 
 @settings(max_examples=25, deadline=None)
-@given(sizes=st.lists(st.integers(1, 4), min_size=2, max_size=4).filter(lambda s: 4 <= sum(s) <= 9),
+@given(sizes=rack_sizes(4),
        seed=st.integers(0, 2**16))
 def test_from_the_true_racks_no_cut_explains_the_flows_better(sizes, seed):
     layout = Layout(tuple(sizes))
