@@ -230,6 +230,15 @@ def _judge(bandwidth_gbps: Any, racks: Sequence[int], uplink_gbps_by_rack: Seque
     fan_cleared = {i for i, directions in (fans or {}).items()
                    if directions and all(fan_clears(bw, racks, i, d, rates) for d, rates in directions.items())}
     slow_nics = [i for i in slow_nics if i not in fan_cleared]
+    # A cleared NIC carried its fan at once: that, not its best single flow (held back by
+    # whatever its peers sit behind), is what it carries at least. A rank beside a slow-NIC
+    # rack-mate and behind a slow uplink has no fast single flow, and the estimate would
+    # excuse its rack's low aggregate as its NIC's.
+    for i in fan_cleared:
+        if i in best:
+            out, into = best[i]
+            fanned = {d: float(sum(rates.values())) for d, rates in fans[i].items()}
+            nic_gbps[i] = min(max(out, fanned.get("out", 0.0)), max(into, fanned.get("in", 0.0)))
 
     members = {r: [i for i in range(n) if racks[i] == r] for r in rack_ids}
     clear = [i for i in range(n) if i not in slow_nics]

@@ -293,4 +293,13 @@ def place_blind(fit: RackFit, delays: dict[int, dict[int, dict[str, tuple[float,
         fit.placed[alone[0]] = None
         fit.tentative.discard(alone[0])
         fit.evidence[alone[0]] = "its pings crossed every rack's uplink queue as an outsider's do"
+    # A placement the flows made only by ruling out every other group, which the pings did
+    # not confirm, is withdrawn: a rack of its own was never ruled out, and an unplaced rank
+    # (a rack of its own, unsure) puts no cross-rack flow where the plan thinks there is none.
+    for j in sorted(fit.tentative):
+        if fit.placed.get(j) is not None:
+            del fit.placed[j]
+            fit.tentative.discard(j)
+            fit.evidence[j] = ("its flows ruled out every rack but one, its pings did not confirm that one, "
+                               "and a rack of its own was never ruled out")
     return fit

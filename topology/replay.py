@@ -60,7 +60,7 @@ Flow = tuple[int, int]
 def concurrent_flows(passes: Sequence[tuple[Sequence[Sequence[tuple[int, int]]], np.ndarray]],
                      ) -> list[tuple[list[Flow], np.ndarray]]:
     """The sets of flows that ran at once and the rate each got: for each pass's round
-    (``(rounds, bandwidth_gbps)``), its pairs from the lower rank up, then back down."""
+    (``(rounds, bandwidth_gbps)``), each pair ``(a, b)`` from ``a`` to ``b``, then back."""
     out = []
     for rounds, bw in passes:
         bw = np.asarray(bw, dtype=float)

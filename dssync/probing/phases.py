@@ -27,16 +27,21 @@ def round_robin_rounds(num_ranks: int, relabel: int = 0) -> list[list[tuple[int,
     """Rounds of disjoint pairs in which every pair of ``0..num_ranks-1`` meets exactly once.
 
     Circle method: rank ``n-1`` (or a bye when ``n`` is odd) stays put while the others
-    rotate one place per round; ``n - 1`` rounds for even ``n``, ``n`` for odd. Pairs are
-    ``(low, high)``. ``relabel`` > 0 runs the circle over the ranks in an order drawn from
-    that seed (the same on every rank), so each pair meets in the company of other pairs:
-    a pair's rate on a busy host depends on what else its round carries, and passes over
-    the same rounds would repeat that bias exactly, where passes over different ones do not.
+    rotate one place per round; ``n - 1`` rounds for even ``n``, ``n`` for odd. A pair
+    ``(a, b)`` streams from ``a`` to ``b`` first, then back; ``(low, high)`` without a
+    relabel. ``relabel`` > 0 runs the circle over the ranks in an order drawn from that seed
+    (the same on every rank), so each pair meets in the company of other pairs: a pair's
+    rate on a busy host depends on what else its round carries, and passes over the same
+    rounds would repeat that bias exactly, where passes over different ones do not. The same
+    seed orients each pair: the flows that run at once then go both ways across the ranks
+    (one rank's flow into a rack beside another's out of it), as a ring's and a divide-and-
+    shuffle round's do, where flows all from the lower rank up put only some patterns on
+    an uplink together.
     """
     if num_ranks < 1:
         raise ValueError(f"need at least one rank to schedule, got {num_ranks}")
-    order = (list(range(num_ranks)) if relabel <= 0
-             else [int(r) for r in np.random.default_rng(relabel).permutation(num_ranks)])
+    rng = np.random.default_rng(relabel) if relabel > 0 else None
+    order = list(range(num_ranks)) if rng is None else [int(r) for r in rng.permutation(num_ranks)]
     players: list[int | None] = order + ([None] if num_ranks % 2 else [])
     m = len(players)
     rounds = []
@@ -49,6 +54,9 @@ def round_robin_rounds(num_ranks: int, relabel: int = 0) -> list[list[tuple[int,
         if pairs:  # a world of one has nothing to measure
             rounds.append(sorted(pairs))
         players = [players[0], players[-1], *players[1:-1]]
+    if rng is not None:
+        rounds = [[(a, b) if flip else (b, a) for (a, b), flip in zip(pairs, rng.integers(0, 2, len(pairs)), strict=True)]
+                  for pairs in rounds]
     return rounds
 
 
@@ -82,15 +90,16 @@ def _latency_pair(link: _Link, rank: int, peer: int, cfg: ProbeConfig) -> dict[t
     return out
 
 
-def _bandwidth_pair(link: _Link, rank: int, peer: int, upward: bool, cfg: ProbeConfig,
+def _bandwidth_pair(link: _Link, rank: int, peer: int, sender: int, cfg: ProbeConfig,
                     payload: torch.Tensor, iperf: _Iperf3 | None) -> dict[tuple[int, int], float]:
-    """``{(src, dst): Gbit/s}`` for the one direction this rank timed: from the lower rank to
-    the higher if ``upward``, else back. With iperf3 the lower rank runs the client both ways
-    (``-R`` for the way back) and the higher rank's server answers."""
-    low = rank < peer
+    """``{(src, dst): Gbit/s}`` for the one direction this rank timed: from ``sender`` (this
+    rank or ``peer``) to the other. With iperf3 the lower rank runs the client both ways
+    (``-R`` where the higher rank's server sends) and the higher rank's server answers."""
     if iperf is not None:
-        return {((rank, peer) if upward else (peer, rank)): iperf.client(peer, reverse=not upward)} if low else {}
-    value = _stream(link, peer, low == upward, cfg, payload)
+        if rank > peer:
+            return {}
+        return {((rank, peer) if sender == rank else (peer, rank)): iperf.client(peer, reverse=sender != rank)}
+    value = _stream(link, peer, sender == rank, cfg, payload)
     return {} if value is None else {(rank, peer): value}
 
 

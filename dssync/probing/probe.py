@@ -169,15 +169,15 @@ def _pairs(comm: Communicator, link: _Link, cfg: ProbeConfig, rounds: list[list[
     # each: every flow of a direction starts together and shares what it shares for
     # the whole of its stream, whichever backend times it.
     kinds = [("latency", True)] if latency_us is None else []
-    for kind, upward in (*kinds, ("bandwidth", True), ("bandwidth", False)):
+    for kind, first in (*kinds, ("bandwidth", True), ("bandwidth", False)):
         for pairs in rounds:
             for a, b in pairs:
                 if rank in (a, b):
                     peer = b if rank == a else a
                     if kind == "latency":
                         latency.update(_latency_pair(link, rank, peer, cfg))
-                    else:
-                        bandwidth.update(_bandwidth_pair(link, rank, peer, upward, cfg, payload, iperf))
+                    else:  # a pair (a, b) streams from a to b first, then back
+                        bandwidth.update(_bandwidth_pair(link, rank, peer, a if first else b, cfg, payload, iperf))
             comm.barrier()  # the next round's pairs must not overlap this one's
     measured, bandwidth_gbps = np.zeros((n, n)), np.zeros((n, n))
     for lat_part, bw_part in comm.allgather_object((latency, bandwidth)):

@@ -27,7 +27,7 @@ def dssync(*args):
 def test_round_robin_meets_every_pair_once_in_disjoint_rounds(n, relabel):
     rounds = round_robin_rounds(n, relabel=relabel)
     assert len(rounds) == (0 if n == 1 else n - 1 if n % 2 == 0 else n)
-    seen = [pair for pairs in rounds for pair in pairs]
+    seen = [tuple(sorted(pair)) for pairs in rounds for pair in pairs]
     assert sorted(seen) == list(itertools.combinations(range(n), 2))  # each pair exactly once
     for pairs in rounds:
         ranks = [r for pair in pairs for r in pair]
@@ -41,6 +41,7 @@ def test_later_passes_meet_the_pairs_in_other_company(n):
     other pairs than in the first pass (what a busy round does to a pair is not repeated),
     and every rank draws the same rounds."""
     def company(rounds):
+        rounds = [{tuple(sorted(p)) for p in pairs} for pairs in rounds]
         return {pair: frozenset(pairs) - {pair} for pairs in rounds for pair in pairs}
 
     first = company(round_robin_rounds(n))
@@ -48,6 +49,20 @@ def test_later_passes_meet_the_pairs_in_other_company(n):
         again = company(round_robin_rounds(n, relabel=k))
         assert round_robin_rounds(n, relabel=k) == round_robin_rounds(n, relabel=k)
         assert sum(first[p] != again[p] for p in first) >= len(first) // 2
+
+
+@pytest.mark.parametrize("n", [4, 5, 8, 9, 16])
+def test_later_passes_send_both_ways_across_the_ranks_at_once(n):
+    """The first pass streams every pair from its lower rank first; a relabelled pass orients
+    each pair by its seed, the same on every rank, so some rounds carry flows up and down the
+    ranks at once, and over two passes both orientations of most pairs come first somewhere."""
+    assert all(a < b for pairs in round_robin_rounds(n) for a, b in pairs)
+    later = [pair for k in (1, 2) for pairs in round_robin_rounds(n, relabel=k) for pair in pairs]
+    assert round_robin_rounds(n, relabel=1) == round_robin_rounds(n, relabel=1)
+    assert any(a > b for a, b in later) and any(a < b for a, b in later)
+    mixed = [pairs for k in (1, 2) for pairs in round_robin_rounds(n, relabel=k)
+             if len({a < b for a, b in pairs}) == 2]
+    assert len(mixed) >= (n - 1) // 2
 
 
 def test_a_blast_gives_every_rank_a_flow_and_no_more_than_the_larger_side_has():

@@ -336,6 +336,26 @@ def test_a_blind_rank_is_placed_where_its_flows_did_not_cross_an_uplink():
     assert fit.confidence()["placed"][0]["rank"] == 1 and fit.confidence()["unplaced"] == []
 
 
+@pytest.mark.parametrize("confirmed", [True, False])
+def test_a_placement_by_elimination_stands_only_where_the_pings_confirm_it(confirmed):
+    """Rank 1's flows rule out every group but its own rack's, never a rack of its own. Where
+    the blasts' pings place it there it is placed; where they tell nothing (no blast filled a
+    queue) it is withdrawn to a rack of its own, unplaced and unsure, not left in the one
+    group elimination left: that may put a cross-rack flow where the plan sees none."""
+    racks = layout([3, 2, 3])
+    _, bw = matrices(racks, inter_gbps=0.12, noise=0.05, seed=7)
+    slow_nic(bw, 1, 0.35)
+    fit = fit_racks(flat_latency(8), bw)
+    assert fit.placed == {1: 0} and fit.tentative == {1}
+    full = dict.fromkeys(range(3), confirmed)
+    place_blind(fit, {1: blast_pings(0, [0, 1, 2])}, full, CLEAR_US)
+    if confirmed:
+        assert fit.racks() == racks and fit.confidence()["confident"]
+    else:
+        assert fit.unplaced == [1] and fit.racks() == [0, 1, 0, 2, 2, 3, 3, 3]
+        assert not fit.confidence()["confident"] and fit.confidence()["unplaced"] == [1]
+
+
 def test_a_blind_rank_the_pairs_cannot_place_is_a_rack_of_its_own_and_named():
     racks = layout([3, 3, 3])
     _, bw = matrices(racks, inter_gbps=0.5, noise=0.05, seed=8)
@@ -615,6 +635,30 @@ def test_a_rack_of_one_beside_background_flows_is_not_a_slow_nic():
             4: {"in": {0: 0.1, 1: 0.04, 2: 0.04, 3: 0.04}}}
     after = classify_contention(bw, racks, aggregates, fans=fans)
     assert [n["rank"] for n in after["nics"]] == [4] and [u["rack"] for u in after["uplinks"]] == [1]
+
+
+def test_a_fan_cleared_nic_counts_what_its_fan_carried():
+    """Recorded (`bench probe-layouts --seed 0`, 3,2 with rack 1's uplink at 300 Mbit/s and
+    rank 4's NIC at 400): rank 3's only flow not across the slow uplink is to rank 4, so its
+    best single flow (0.38) is rank 4's NIC, not its own; its fans (0.63 out, 0.63 in at once)
+    cleared it. Judged at 0.38, rack 1's blast (0.31) looked like 81 % of its NICs and no uplink
+    was flagged: a network that is not the one built. The oracle is the same-network rule."""
+    from dssync.bench.probe_layouts import Layout
+    from dssync.bench.same_network import Answer, same_network
+
+    racks = [0, 0, 0, 1, 1]
+    bw = np.array([[0, 0.95, 0.95, 0.26, 0.28], [0.93, 0, 0.94, 0.28, 0.25], [0.92, 0.91, 0, 0.15, 0.16],
+                   [0.23, 0.29, 0.13, 0, 0.38], [0.28, 0.22, 0.16, 0.38, 0]])
+    aggregates = [0.3245, 0.3069]
+    fans = {3: {"out": {0: 0.09, 1: 0.09, 2: 0.09, 4: 0.3554}, "in": {0: 0.1, 1: 0.1, 2: 0.1, 4: 0.3342}},
+            4: {"in": {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.3863}}}
+    found = classify_contention(bw, racks, aggregates, fans=fans)
+    answer = Answer(tuple(racks), {u["rack"]: None for u in found["uplinks"]}, {n["rank"]: None for n in found["nics"]})
+    layout = Layout.from_spec({"rack_sizes": [3, 2], "slow_uplinks": {"1": "300mbit"}, "slow_nics": {"4": "400mbit"}})
+    assert same_network(layout, answer), found
+    # between two racks, one uplink slow both ways: flagging both racks is the same network,
+    # and too close to the rule (0.49 of one NIC) to be sure
+    assert set(unsure_flags(bw, racks, aggregates, fans=fans)["uplinks"]) >= {u["rack"] for u in found["uplinks"]}
 
 
 def test_a_rack_of_one_shows_its_uplink_by_its_fan():
