@@ -85,13 +85,23 @@ def fan_clears(bandwidth_gbps: Any, racks: Sequence[int], rank: int, direction: 
     shares per flow), so ``dssync probe`` runs a fan only for a rank with a clear ping (no
     standing queue at its NIC).
     """
+    carried = fan_fraction(bandwidth_gbps, racks, rank, direction, rates)
+    return carried is not None and carried >= ratio
+
+
+def fan_fraction(bandwidth_gbps: Any, racks: Sequence[int], rank: int, direction: str,
+                 rates: dict[int, float]) -> float | None:
+    """What a fan carried over what its flows would carry if only their paths bound them
+    (``fan_clears``); None with fewer than two bottlenecks, where the sum says nothing."""
     bw = _square("bandwidth_gbps", bandwidth_gbps)
     single = bw[rank] if direction == "out" else bw[:, rank]
     alone: dict[Any, float] = {}
     for peer in rates:
         key = ("mate", peer) if racks[peer] == racks[rank] else ("rack", racks[peer])
         alone[key] = max(alone.get(key, 0.0), float(single[peer]))
-    return len(alone) >= 2 and float(sum(rates.values())) >= ratio * sum(alone.values())
+    if len(alone) < 2 or sum(alone.values()) <= 0:
+        return None
+    return float(sum(rates.values())) / sum(alone.values())
 
 
 def _ratios(values: dict[int, float]) -> dict[int, float]:
@@ -329,6 +339,15 @@ def unsure_flags(bandwidth_gbps: Any, racks: Sequence[int], uplink_gbps_by_rack:
 
     nic_ratio = _ratios(j.nic_gbps) if len(j.nic_gbps) > 2 else {}
     nics = sorted(i for i, r in nic_ratio.items() if close(r) and i not in j.fan_cleared)
+    # A flagged NIC whose fan came within UNSURE_FACTOR of clearing it: a busy host only
+    # ever holds a fan back, so a fan that nearly carried what the paths allow may have been
+    # a clear NIC's (a NIC that bounds its flows carries 1/2 of that sum with two
+    # bottlenecks, less with more; a clear one all of it).
+    fans = kwargs.get("fans") or {}
+    for i in j.slow_nics:
+        fractions = [fan_fraction(bandwidth_gbps, racks, i, d, rates) for d, rates in fans.get(i, {}).items()]
+        if any(f is not None and UNSURE_FACTOR * FAN_RATIO <= f < FAN_RATIO for f in fractions):
+            nics = sorted({*nics, i})
     pairwise, aggregate = _ratios(j.uplink), _ratios(j.aggregate)
     if j.alike or (j.absolute and set(j.absolute) == set(j.uplink) and all(v < high for v in j.absolute.values())
                    and all(v >= s for v in aggregate.values())):

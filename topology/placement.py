@@ -20,6 +20,7 @@ from dssync.topology.matrices import (
     WAIT_RATIO,
     _nearest,
     _square,
+    clear_latency,
     renumber_racks,
 )
 
@@ -224,6 +225,25 @@ def _rule_out(fit: RackFit, bw: np.ndarray, hosts: Sequence[str] | None) -> None
                 str(m) for m in [j, *mates] if m != k)
             if k in homeless:
                 homeless.remove(k)
+
+
+def reassess_blind(fit: RackFit, bandwidth_gbps: Any, latency_us: Any, hosts: Sequence[str] | None) -> RackFit:
+    """The blind ranks worked out again on ``fit.groups`` after its clear ranks moved (the
+    replay's racks): their candidates and what the pairs alone placed (``_rule_out``,
+    ``_rule_out_by_queue``) named the groups before the move. Blind ranks leave the groups
+    they were placed in; what placed them is judged again on the new groups, and the
+    blasts' pings place the rest as before."""
+    blind = set(fit.blind)
+    fit.groups = [g for g in ([i for i in members if i not in blind] for members in fit.groups) if g]
+    for j in blind:
+        fit.placed.pop(j, None)
+        fit.candidates.pop(j, None)
+        fit.evidence.pop(j, None)
+    fit.tentative -= blind
+    lat = np.asarray(latency_us, dtype=float)
+    _rule_out(fit, _square("bandwidth_gbps", bandwidth_gbps), hosts)
+    _rule_out_by_queue(fit, lat, clear_latency(lat))
+    return fit
 
 
 def held(ping: tuple[float, float] | None, clear_us: float, full: bool) -> bool | None:

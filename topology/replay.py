@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -307,21 +307,25 @@ def _mates(racks: Sequence[int], i: int) -> set[int]:
 
 
 def replay_fit(fit: RackFit, observed: Sequence[tuple[list[Flow], np.ndarray]],
-               starts: Sequence[Sequence[int]] = ()) -> Replay | None:
+               starts: Sequence[Sequence[int]] = (),
+               reassess: Callable[[RackFit], Any] | None = None) -> Replay | None:
     """Check ``fit`` against ``observed`` and change it in place: its clear ranks' groups
-    become the replay's racks when a move was taken (only where no rank is blind: a blind
-    rank's candidates and placement name the fitted groups; there the ranks it would move
-    are doubted instead). The clear ranks the flows do
+    become the replay's racks when a move was taken. A blind rank's candidates and
+    placement name the fitted groups: with blind ranks the replay moves the clear ranks
+    only, and ``reassess`` (``placement.reassess_blind`` over the probe's matrices) works
+    the blind ranks out again on the new groups; without it the ranks the replay would move
+    are doubted instead. The clear ranks the flows do
     not vouch for become ``unexplained``: where the replay moved ranks, every rank whose
     best other place explains the flows less well by under ``MIN_GAIN`` (the replay's answer
     is as sure as the move that made it, and the clustering's separations no longer apply);
     where it moved none, every rank another place explains better by ``DOUBT``. None with
     one clear rank."""
-    movable = sorted(i for members in fit.groups for i in members)
+    movable = sorted(i for members in fit.groups for i in members
+                     if reassess is None or i not in fit.blind)
     if len(movable) < 2 or not observed:
         return None
     replay = replay_racks(fit.racks(), observed, movable, seconds=SEARCH_SECONDS, starts=starts)
-    if replay.moves and fit.blind:
+    if replay.moves and fit.blind and reassess is None:
         # not taken: the ranks the replay would move are doubted, and the margins are the
         # fitted answer's own
         fitted = fit.racks()
@@ -334,6 +338,8 @@ def replay_fit(fit: RackFit, observed: Sequence[tuple[list[Flow], np.ndarray]],
         fit.groups = [[i for i in movable if replay.racks[i] == r] for r in labels]
         fit.margins = {}  # the clustering's separations describe groups that are gone
         fit.metric = f"{fit.metric}+replay"
+        if fit.blind and reassess is not None:
+            reassess(fit)
     bar = MIN_GAIN if replay.moves else -DOUBT
     fit.unexplained = {i for i, m in replay.margins.items() if m < bar}
     if replay.doubt_one_rack:

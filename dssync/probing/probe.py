@@ -56,7 +56,13 @@ from dssync.probing.phases import (  # noqa: F401 (re-exported)
 from dssync.topology.contention import classify_contention, unsure_flags
 from dssync.topology.matrices import SHARP_RATIO, clear_latency, queued_ranks
 from dssync.topology.model import Topology, Worker
-from dssync.topology.placement import RackFit, filled, place_behind_standing_queue, place_blind
+from dssync.topology.placement import (
+    RackFit,
+    filled,
+    place_behind_standing_queue,
+    place_blind,
+    reassess_blind,
+)
 from dssync.topology.prior import RackPrior, weigh_prior
 from dssync.topology.racks import fit_racks
 from dssync.topology.replay import concurrent_flows, cut_partitions, replay_fit
@@ -189,20 +195,24 @@ def _pairs(comm: Communicator, link: _Link, cfg: ProbeConfig, rounds: list[list[
 
 
 def _replay(comm: Communicator, fit: RackFit, raw: list[tuple[list[list[tuple[int, int]]], np.ndarray]],
-            ) -> dict[str, Any] | None:
+            reassess: Callable[[RackFit], Any]) -> dict[str, Any] | None:
     """The fitted racks checked against every rate the pairs phase's concurrent flows got,
-    not only each path's best (``dssync.topology.replay.replay_fit``): rank 0 decides (the
-    search is CPU work that every rank would repeat on shared cores), every rank adopts.
-    The replay's record, or None where it had nothing to check."""
+    not only each path's best (``dssync.topology.replay.replay_fit``; ``reassess`` works the
+    blind ranks out again where the clear ranks moved): rank 0 decides (the search is CPU
+    work that every rank would repeat on shared cores), every rank adopts. The replay's
+    record, or None where it had nothing to check."""
     mine = None
     if comm.rank == 0:
-        replay = replay_fit(fit, concurrent_flows(raw), starts=cut_partitions([bw for _, bw in raw]))
+        replay = replay_fit(fit, concurrent_flows(raw), starts=cut_partitions([bw for _, bw in raw]),
+                            reassess=reassess)
         if replay is not None:
-            mine = (fit.groups, fit.margins, fit.metric, fit.unexplained, replay.record())
+            mine = (fit.groups, fit.margins, fit.metric, fit.unexplained, fit.placed, fit.candidates,
+                    fit.evidence, fit.tentative, replay.record())
     decided = comm.allgather_object(mine)[0]
     if decided is None:
         return None
-    fit.groups, fit.margins, fit.metric, fit.unexplained, record = decided
+    (fit.groups, fit.margins, fit.metric, fit.unexplained, fit.placed, fit.candidates, fit.evidence,
+     fit.tentative, record) = decided
     return record
 
 
@@ -274,7 +284,7 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
             iperf.close()
     replay_record = None
     if not known and not cfg.isolated:
-        replay_record = _replay(comm, fit, raw)
+        replay_record = _replay(comm, fit, raw, lambda f: reassess_blind(f, bandwidth_gbps, latency_us, hosts))
     phase_seconds = {"pairs": round(time.time() - started_at, 3)}
     provisional = fit.racks()
     # Egress blasts, one per rack: its uplink with all of its members sending across at once

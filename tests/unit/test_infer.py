@@ -661,6 +661,33 @@ def test_a_fan_cleared_nic_counts_what_its_fan_carried():
     assert set(unsure_flags(bw, racks, aggregates, fans=fans)["uplinks"]) >= {u["rack"] for u in found["uplinks"]}
 
 
+def test_a_nic_flag_whose_fan_nearly_cleared_it_is_unsure():
+    """Recorded (`bench probe-layouts --seed 0`, 1,4,2 with rack 1's uplink at 150 Mbit/s and
+    another job leaving rack 2): rank 0 alone, its NIC clear, every path of it behind a slow
+    link. Its fan in cleared it; its fan out carried 0.49 of the 0.67 its paths allow (0.73,
+    against the 0.75 rule) and flagged it, confidently. The layout's truth is the oracle: the
+    NIC is clear, so the flag must be unsure. A fan that carried half (a NIC that bounds two
+    bottlenecks' flows) stays a sure flag."""
+    from dssync.bench.probe_layouts import Layout
+
+    racks = [0, 1, 1, 1, 1, 2, 2]
+    bw = np.array([[0, 0.15, 0.13, 0.13, 0.12, 0.52, 0.52], [0.14, 0, 0.96, 0.96, 0.96, 0.12, 0.07],
+                   [0.11, 0.96, 0, 0.96, 0.96, 0.07, 0.13], [0.14, 0.96, 0.96, 0, 0.96, 0.06, 0.08],
+                   [0.09, 0.96, 0.96, 0.96, 0, 0.13, 0.13], [0.2, 0.12, 0.06, 0.08, 0.1, 0, 0.96],
+                   [0.19, 0.08, 0.1, 0.07, 0.13, 0.96, 0]])
+    aggregates = [float("nan"), 0.1476, 0.1519]
+    fans = {0: {"out": {1: 0.05, 2: 0.05, 3: 0.05, 4: 0.05, 5: 0.1463, 6: 0.1463},
+                "in": {1: 0.04, 2: 0.04, 3: 0.04, 4: 0.04, 5: 0.0665, 6: 0.0664}}}
+    layout = Layout.from_spec({"rack_sizes": [1, 4, 2], "slow_uplinks": {"1": "150mbit"}, "uplink_flows": [2]})
+    assert 0 not in layout.contended_nics
+    flagged = [n["rank"] for n in classify_contention(bw, racks, aggregates, fans=fans)["nics"]]
+    assert flagged == [0]
+    assert 0 in unsure_flags(bw, racks, aggregates, fans=fans)["nics"]
+    held = {0: {"out": {1: 0.05, 2: 0.05, 3: 0.05, 4: 0.05, 5: 0.065, 6: 0.065}, "in": fans[0]["in"]}}  # 0.49
+    assert [n["rank"] for n in classify_contention(bw, racks, aggregates, fans=held)["nics"]] == [0]
+    assert 0 not in unsure_flags(bw, racks, aggregates, fans=held)["nics"]
+
+
 def test_a_rack_of_one_shows_its_uplink_by_its_fan():
     """The 1,3,1 layout above: every single flow runs at 0.13, so rack 1's slow uplink and rack
     2's clear one look alike pairwise. Rank 4's fan out, alone in rack 2, carried 0.27 across

@@ -258,3 +258,66 @@ def test_oriented_passes_put_together_the_flows_that_tell_a_wrong_answer(layout,
     told_plain = misfit(found, _noiseless(layout, plain)) - misfit(layout.racks, _noiseless(layout, plain))
     told = misfit(found, _noiseless(layout, oriented)) - misfit(layout.racks, _noiseless(layout, oriented))
     assert told_plain < DOUBT <= MIN_GAIN <= told
+
+
+def _blind_case(layout: Layout, seed: int):
+    passes = measured(layout, seed)
+    bw = np.max([b for _, b in passes], axis=0)
+    n = len(layout.racks)
+    lat = np.full((n, n), 50.0)
+    np.fill_diagonal(lat, 0.0)
+    return passes, bw, lat
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_with_a_blind_worker_the_replay_moves_the_clear_ones_and_the_blind_are_worked_out_again(seed):
+    """A layout the probe once got wrong (`bench probe-layouts --seed 0`, 3,2,2 with rank 0's
+    NIC at 150 Mbit/s and another job leaving rack 1): rank 0 is blind, and the fit merged
+    racks that only shared flows tell apart. The replay moves the clear workers to the racks
+    that were built; rank 0's candidates are worked out again on them and hold its own rack
+    (the blasts' pings place it from there). Without that, the fitted racks stay and the
+    workers the replay would move are doubted."""
+    from dssync.topology.placement import reassess_blind
+    from dssync.topology.racks import fit_racks
+
+    layout = Layout((3, 2, 2), slow_nics={0: "150mbit"}, uplink_flows=(1,))
+    passes, bw, lat = _blind_case(layout, seed)
+    kept = fit_racks(lat, bw)
+    fitted = kept.racks()
+    replay_fit(kept, concurrent_flows(passes), starts=cut_partitions([b for _, b in passes]))
+    assert kept.racks() == fitted and kept.unexplained
+    fit = fit_racks(lat, bw)
+    assert fit.blind == [0]
+    built = {frozenset(i for i in range(1, 7) if layout.racks[i] == r) for r in range(3)} - {frozenset()}
+    assert {frozenset(g) for g in fit.groups} != built
+    replay_fit(fit, concurrent_flows(passes), starts=cut_partitions([b for _, b in passes]),
+               reassess=lambda f: reassess_blind(f, bw, lat, None))
+    assert {frozenset(g) for g in fit.groups} == built and 0 not in fit.placed
+    assert any(set(fit.groups[g]) == {1, 2} for g in fit.candidates[0])
+
+
+@settings(max_examples=15, deadline=None)
+@given(sizes=rack_sizes(4), seed=st.integers(0, 2**16), data=st.data())
+def test_after_the_replay_every_blind_worker_is_judged_on_the_racks_it_left(sizes, seed, data):
+    """Whatever the replay does with the clear workers, the blind ones are judged on the
+    groups it hands back: none sits in a group, every candidate names one of the new groups,
+    and a flow between true rack-mates never rules their group out (it crosses no uplink)."""
+    from dssync.topology.placement import reassess_blind
+    from dssync.topology.racks import fit_racks
+
+    n = sum(sizes)
+    slow = data.draw(st.integers(0, n - 1))
+    layout = Layout(tuple(sizes), slow_nics={slow: "150mbit"})
+    passes, bw, lat = _blind_case(layout, seed)
+    fit = fit_racks(lat, bw)
+    replay_fit(fit, concurrent_flows(passes), starts=cut_partitions([b for _, b in passes]),
+               reassess=lambda f: reassess_blind(f, bw, lat, None))
+    in_groups = {i for g in fit.groups for i in g}
+    for j in fit.blind:
+        assert j not in in_groups or fit.placed.get(j) is not None
+        assert all(0 <= g < len(fit.groups) for g in fit.candidates.get(j, []))
+        mates_groups = [g for g, members in enumerate(fit.groups)
+                        if members and all(layout.racks[i] == layout.racks[j] for i in members)]
+        for g in mates_groups:
+            if j not in fit.placed and fit.candidates.get(j) is not None:
+                assert g in fit.candidates[j]
