@@ -34,7 +34,7 @@ from dssync.topology.matrices import renumber_racks
 from dssync.topology.placement import RackFit
 
 __all__ = ["DOUBT", "FLOW_CAP", "MIN_GAIN", "SEARCH_SECONDS", "Replay", "capacities", "concurrent_flows",
-           "cut_partitions", "max_min_rates", "may_be_alone",
+           "cut_partitions", "max_min_rates",
            "misfit", "replay_fit", "replay_racks"]
 
 #: A move must lower the misfit by this much (in squared natural-log units: about six
@@ -345,34 +345,3 @@ def replay_fit(fit: RackFit, observed: Sequence[tuple[list[Flow], np.ndarray]],
     if replay.doubt_one_rack:
         fit.unexplained = set(movable)
     return replay
-
-
-def may_be_alone(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray]],
-                 slow_uplinks: Sequence[int] = ()) -> list[int]:
-    """Workers that ``racks`` puts with others though nothing the probe measured says they
-    are not a rack of their own, where that would be another network for the job's flows.
-
-    Behind an uplink as fast as the NICs, a member's lone flows run as a rack of one's do;
-    only flows that share the uplink tell them apart, and the pairs' rounds put those
-    together only now and then. So a member of a rack is in doubt when the pairs' flows
-    explain it alone no worse than ``DOUBT`` (two flows halved), unless the rack's flagged
-    uplink places it (its lone flows across the rack's boundary held back with its mates':
-    a flag on every rack, as racks slowed alike get, places nobody, since it does not say
-    whose uplink is slow). A rack of two beside one other rack is left alone: its members
-    apart are the same network (every flow either of them sends across meets the other
-    rack's link anyway, and its flows to each other cross only their NICs either way)."""
-    members: dict[int, list[int]] = {}
-    for i, r in enumerate(racks):
-        members.setdefault(r, []).append(i)
-    flagged = set(slow_uplinks) if len(set(slow_uplinks) & set(members)) < len(members) else set()
-    memo: dict[Any, float] = {}
-    base = misfit(racks, observed, memo)
-    fresh = max(racks) + 1
-    out = []
-    for w, r in enumerate(racks):
-        if len(members[r]) < 2 or r in flagged or (len(members[r]) == 2 and len(members) == 2):
-            continue
-        alone = [fresh if i == w else x for i, x in enumerate(racks)]
-        if misfit(alone, observed, memo) - base < DOUBT:
-            out.append(w)
-    return out

@@ -123,14 +123,10 @@ def confidence_lines(confidence: dict) -> list[str]:
     if unsettled:
         lines.append(f"workers {unsettled} change racks when one pass over the pairs is left out "
                      "(a busy host's measurements disagree): their racks are a guess")
-    alone = confidence.get("may_be_alone") or []
-    if alone:
-        lines.append(f"workers {alone} may each be a rack of their own: no flow the probe ran tells that from "
-                     "their rack-mates' company, and the job's flows would")
     if confidence.get("one_rack_guess"):
         lines.append("the workers are not one uniform rack, yet no split of them into racks was clean: "
                      "written as one rack")
-    elif close := sorted(set(unsure) - set(unsettled) - set(alone)):
+    elif close := sorted(set(unsure) - set(unsettled)):
         lines.append(f"workers {close} sit almost as close to another rack as to their own")
     flags = confidence.get("flags_unsure") or {}
     if flags.get("uplinks"):

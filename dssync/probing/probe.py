@@ -65,7 +65,7 @@ from dssync.topology.placement import (
 )
 from dssync.topology.prior import RackPrior, weigh_prior
 from dssync.topology.racks import fit_racks
-from dssync.topology.replay import concurrent_flows, cut_partitions, may_be_alone, replay_fit
+from dssync.topology.replay import concurrent_flows, cut_partitions, replay_fit
 
 __all__ = [
     "BACKENDS",
@@ -369,15 +369,6 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
     contention["uplink_aggregates"] = phases
     contention["nic_fans"] = fan_record
     confidence = fit.confidence()
-    if not known and not cfg.isolated:
-        # members of a rack that the flows explain as well alone (``may_be_alone``): rank 0
-        # decides (misfits are CPU work), every rank adopts
-        alone = (may_be_alone(racks, concurrent_flows(raw), [u["rack"] for u in contention["uplinks"]])
-                 if comm.rank == 0 else None)
-        confidence["may_be_alone"] = comm.allgather_object(alone)[0]
-        if confidence["may_be_alone"]:
-            confidence["unsure"] = sorted({*confidence["unsure"], *confidence["may_be_alone"]})
-            confidence["confident"] = False
     # Flags decided by a ratio too close to the rule to call, or an uplink carrying less
     # than its NICs allow without standing out: the answer is then not confident either.
     confidence["flags_unsure"] = unsure_flags(bandwidth_gbps, racks, aggregates, hosts=hosts, fans=fans,

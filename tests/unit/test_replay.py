@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dssync.bench.probe_layouts import Layout
@@ -321,53 +321,3 @@ def test_after_the_replay_every_blind_worker_is_judged_on_the_racks_it_left(size
         for g in mates_groups:
             if j not in fit.placed and fit.candidates.get(j) is not None:
                 assert g in fit.candidates[j]
-
-
-@settings(max_examples=30, deadline=None)
-@given(sizes=rack_sizes(4), seed=st.integers(0, 2**16), data=st.data())
-def test_a_rack_of_one_merged_into_its_neighbour_is_told_or_doubted(sizes, seed, data):
-    """Uplinks as fast as NICs, a rack of one merged into another rack: where that is another
-    network for the job's flows (the bench's same-network rule decides, knowing nothing of
-    the prober), either the pairs' flows tell it (the built racks explain them better by
-    MIN_GAIN, which the replay takes) or the probe doubts the merged worker
-    (``may_be_alone``). A wrong answer is never left sure."""
-    from dssync.topology.replay import may_be_alone
-
-    singles = [k for k, s in enumerate(sizes) if s == 1]
-    assume(singles)
-    layout = Layout(tuple(sizes))
-    lone = data.draw(st.sampled_from(singles))
-    into = data.draw(st.sampled_from([k for k in range(len(sizes)) if k != lone]))
-    answer = [into if r == lone else r for r in layout.racks]
-    assume(not same_network(layout, Answer(tuple(answer))))
-    observed = concurrent_flows(measured(layout, seed))
-    (worker,) = [i for i, r in enumerate(layout.racks) if r == lone]
-    told = misfit(answer, observed) - misfit(layout.racks, observed) >= MIN_GAIN
-    assert told or worker in may_be_alone(answer, observed)
-
-
-def test_a_rack_of_two_beside_one_other_rack_is_not_doubted_and_is_the_same_network_apart():
-    """1,1,2 answered as 2,2: the two racks of one in one rack is the same network (the
-    bench's rule), so nothing is doubted; 1,1,1,2 answered as 2,1,2 is not, and is."""
-    from dssync.topology.replay import may_be_alone
-
-    layout = Layout((1, 1, 2))
-    observed = concurrent_flows(measured(layout, 0))
-    assert same_network(layout, Answer((0, 0, 1, 1)))
-    assert may_be_alone([0, 0, 1, 1], observed) == []
-    layout = Layout((1, 1, 1, 2))
-    observed = concurrent_flows(measured(layout, 0))
-    assert not same_network(layout, Answer((0, 0, 1, 2, 2)))
-    told = misfit([0, 0, 1, 2, 2], observed) - misfit(layout.racks, observed) >= MIN_GAIN
-    assert told or {0, 1} & set(may_be_alone([0, 0, 1, 2, 2], observed))
-
-
-def test_a_flagged_uplink_places_its_racks_members_unless_every_uplink_is_flagged():
-    from dssync.topology.replay import may_be_alone
-
-    layout = Layout((3, 3, 2), uplink_flows=(0,))
-    observed = concurrent_flows(measured(layout, 1))
-    doubted = set(may_be_alone(layout.racks, observed, slow_uplinks=[0]))
-    assert not doubted & {0, 1, 2}
-    every = set(may_be_alone(layout.racks, observed, slow_uplinks=[0, 1, 2]))
-    assert every == set(may_be_alone(layout.racks, observed))
