@@ -32,12 +32,14 @@ def regrouping_run(scenario, name, tmp_path, *args):
 
 
 def test_ds_sync_pairs_the_contended_nic_by_itself(name, tmp_path):
-    # Windows end at steps 20, 40 and 60: a flag needs two in a row (regroup.settle).
-    record = regrouping_run("inter-rack+nic", name, tmp_path, "--model-mb", "0.5", "--steps", "80")
+    # Windows end every 20 steps: a flag needs two in a row (regroup.settle), and on a busy
+    # host a window now and then misses worker 4 (a fresh-clone suite once saw no flag in the
+    # windows at 20, 40 and 60), so the run gives it five windows before its last.
+    record = regrouping_run("inter-rack+nic", name, tmp_path, "--model-mb", "0.5", "--steps", "120")
     changes = record["schedule_changes"]
     assert changes[0]["reason"] == "initial" and len(changes) >= 2, changes
     first = changes[1]
-    assert first["step"] <= 60 and "slow NICs [4]" in first["reason"], first["reason"]
+    assert first["step"] <= 100 and "slow NICs [4]" in first["reason"], first["reason"]
     schedule = Schedule.from_dict(first["schedule"])
     for partition in schedule.period:  # rank 4 in a pair inside its rack, every round
         group = next(g for g in partition if 4 in g)
