@@ -333,6 +333,7 @@ def replay_fit(fit: RackFit, observed: Sequence[tuple[list[Flow], np.ndarray]],
         replay = replay_racks(fitted, observed, movable, min_gain=math.inf)
         fit.unexplained = moved | {i for i, m in replay.margins.items() if m < -DOUBT}
         return replay
+    fitted = fit.racks()
     if replay.moves:
         labels = sorted({replay.racks[i] for i in movable}, key=lambda r: min(i for i in movable if replay.racks[i] == r))
         fit.groups = [[i for i in movable if replay.racks[i] == r] for r in labels]
@@ -342,6 +343,10 @@ def replay_fit(fit: RackFit, observed: Sequence[tuple[list[Flow], np.ndarray]],
             reassess(fit)
     bar = MIN_GAIN if replay.moves else -DOUBT
     fit.unexplained = {i for i, m in replay.margins.items() if m < bar}
+    if replay.moves and fit.blind:
+        # the blind workers' flows moved nobody and may put them with the workers that moved:
+        # those are only as sure as the blind workers' places
+        fit.unexplained |= {i for i in movable if _mates(fitted, i) != _mates(replay.racks, i)}
     if replay.doubt_one_rack:
         fit.unexplained = set(movable)
     return replay
