@@ -206,14 +206,12 @@ def _replay(comm: Communicator, fit: RackFit, raw: list[tuple[list[list[tuple[in
         replay = replay_fit(fit, concurrent_flows(raw), starts=cut_partitions([bw for _, bw in raw]),
                             reassess=reassess)
         if replay is not None:
-            mine = (fit.groups, fit.margins, fit.metric, fit.unexplained, fit.placed, fit.candidates,
-                    fit.evidence, fit.tentative, replay.record())
+            mine = (fit, replay.record())
     decided = comm.allgather_object(mine)[0]
     if decided is None:
         return None
-    (fit.groups, fit.margins, fit.metric, fit.unexplained, fit.placed, fit.candidates, fit.evidence,
-     fit.tentative, record) = decided
-    return record
+    vars(fit).update(vars(decided[0]))  # the fit as rank 0 left it, on every rank
+    return decided[1]
 
 
 def _aggregates(phases: list[dict[str, Any]], racks: list[int]) -> list[float] | None:
