@@ -324,16 +324,18 @@ def replay_fit(fit: RackFit, observed: Sequence[tuple[list[Flow], np.ndarray]],
                      if reassess is None or i not in fit.blind)
     if len(movable) < 2 or not observed:
         return None
-    replay = replay_racks(fit.racks(), observed, movable, seconds=SEARCH_SECONDS, starts=starts)
-    if replay.moves and fit.blind and reassess is None:
+    fitted = fit.racks()
+    replay = replay_racks(fitted, observed, movable, seconds=SEARCH_SECONDS, starts=starts)
+    # beside blind ranks, whose flows moved nobody and may put them with the ranks that
+    # moved, those are only as sure as the blind ranks' places
+    moved = ({i for i in movable if _mates(fitted, i) != _mates(replay.racks, i)}
+             if replay.moves and fit.blind else set())
+    if moved and reassess is None:
         # not taken: the ranks the replay would move are doubted, and the margins are the
         # fitted answer's own
-        fitted = fit.racks()
-        moved = {i for i in movable if _mates(fitted, i) != _mates(replay.racks, i)}
         replay = replay_racks(fitted, observed, movable, min_gain=math.inf)
         fit.unexplained = moved | {i for i, m in replay.margins.items() if m < -DOUBT}
         return replay
-    fitted = fit.racks()
     if replay.moves:
         labels = sorted({replay.racks[i] for i in movable}, key=lambda r: min(i for i in movable if replay.racks[i] == r))
         fit.groups = [[i for i in movable if replay.racks[i] == r] for r in labels]
@@ -342,11 +344,7 @@ def replay_fit(fit: RackFit, observed: Sequence[tuple[list[Flow], np.ndarray]],
         if fit.blind and reassess is not None:
             reassess(fit)
     bar = MIN_GAIN if replay.moves else -DOUBT
-    fit.unexplained = {i for i, m in replay.margins.items() if m < bar}
-    if replay.moves and fit.blind:
-        # the blind workers' flows moved nobody and may put them with the workers that moved:
-        # those are only as sure as the blind workers' places
-        fit.unexplained |= {i for i in movable if _mates(fitted, i) != _mates(replay.racks, i)}
+    fit.unexplained = moved | {i for i, m in replay.margins.items() if m < bar}
     if replay.doubt_one_rack:
         fit.unexplained = set(movable)
     return replay
