@@ -206,7 +206,14 @@ def _child(rank: int, world_size: int, init_method: str, timeout_s: float,
     try:
         comm = _setup_rank(rank, world_size, init_method, timeout_s)
         # Pickle here, not in the queue's feeder thread, where a failure would be lost.
-        results.put((rank, True, pickle.dumps(fn(comm, *args)), ""))
+        value = pickle.dumps(fn(comm, *args))
+        # Nobody tears down while a peer still completes gloo's connection handshake or its
+        # last receives: a rank of a job that ran no collective, gone early, now and then
+        # ended its peer's join with "Connection closed by peer". This rank's own work is done,
+        # so a peer that fails here is that peer's failure to report, not this rank's.
+        with contextlib.suppress(Exception):
+            comm.barrier()
+        results.put((rank, True, value, ""))
     except BaseException as exc:  # noqa: BLE001 - every failure goes to the parent
         message = str(exc) if isinstance(exc, DssyncError | ValueError) else f"{type(exc).__name__}: {exc}"
         results.put((rank, False, message, traceback.format_exc()))
