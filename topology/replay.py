@@ -33,7 +33,7 @@ import numpy as np
 from dssync.topology.matrices import renumber_racks
 from dssync.topology.placement import RackFit
 
-__all__ = ["DOUBT", "FLOW_CAP", "MIN_GAIN", "SEARCH_SECONDS", "Replay", "capacities", "concurrent_flows",
+__all__ = ["DOUBT", "FLOW_CAP", "MIN_GAIN", "SEARCH_SECONDS", "Replay", "adopt", "capacities", "concurrent_flows",
            "cut_partitions", "max_min_rates",
            "misfit", "replay_fit", "replay_racks"]
 
@@ -306,6 +306,18 @@ def _mates(racks: Sequence[int], i: int) -> set[int]:
     return {j for j, r in enumerate(racks) if r == racks[i]}
 
 
+def adopt(fit: RackFit, racks: Sequence[int], movable: Sequence[int], how: str,
+          reassess: Callable[[RackFit], Any] | None = None) -> None:
+    """Make ``racks`` (labels over all ranks) the groups of ``fit``'s ``movable`` ranks;
+    ``reassess`` works the blind ranks out again on the new groups."""
+    labels = sorted({racks[i] for i in movable}, key=lambda r: min(i for i in movable if racks[i] == r))
+    fit.groups = [[i for i in movable if racks[i] == r] for r in labels]
+    fit.margins = {}  # the clustering's separations describe groups that are gone
+    fit.metric = f"{fit.metric}+{how}"
+    if fit.blind and reassess is not None:
+        reassess(fit)
+
+
 def replay_fit(fit: RackFit, observed: Sequence[tuple[list[Flow], np.ndarray]],
                starts: Sequence[Sequence[int]] = (),
                reassess: Callable[[RackFit], Any] | None = None) -> Replay | None:
@@ -337,12 +349,7 @@ def replay_fit(fit: RackFit, observed: Sequence[tuple[list[Flow], np.ndarray]],
         fit.unexplained = moved | {i for i, m in replay.margins.items() if m < -DOUBT}
         return replay
     if replay.moves:
-        labels = sorted({replay.racks[i] for i in movable}, key=lambda r: min(i for i in movable if replay.racks[i] == r))
-        fit.groups = [[i for i in movable if replay.racks[i] == r] for r in labels]
-        fit.margins = {}  # the clustering's separations describe groups that are gone
-        fit.metric = f"{fit.metric}+replay"
-        if fit.blind and reassess is not None:
-            reassess(fit)
+        adopt(fit, replay.racks, movable, "replay", reassess)
     bar = MIN_GAIN if replay.moves else -DOUBT
     fit.unexplained = moved | {i for i, m in replay.margins.items() if m < bar}
     if replay.doubt_one_rack:

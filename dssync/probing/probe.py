@@ -65,7 +65,8 @@ from dssync.topology.placement import (
 )
 from dssync.topology.prior import RackPrior, weigh_prior
 from dssync.topology.racks import fit_racks
-from dssync.topology.replay import concurrent_flows, cut_partitions, replay_fit
+from dssync.topology.replay import adopt, concurrent_flows, cut_partitions, replay_fit
+from dssync.topology.telling import design, judge
 
 __all__ = [
     "BACKENDS",
@@ -119,6 +120,8 @@ def best_paths(*passes: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.n
 
 #: Passes of the pairs phase at most before the racks are taken as they stand.
 MAX_PAIR_PASSES = 3
+#: Design-run-judge steps of the telling rounds at most (``_tell``): each that moves ranks is checked by the next.
+TELL_STEPS = 3
 
 
 def _rack_mates(racks: list[int]) -> list[frozenset[int]]:
@@ -214,6 +217,55 @@ def _replay(comm: Communicator, fit: RackFit, raw: list[tuple[list[list[tuple[in
     return decided[1]
 
 
+def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
+          raw: list[tuple[list[list[tuple[int, int]]], np.ndarray]],
+          reassess: Callable[[RackFit], Any]) -> list[dict[str, Any]]:
+    """Rounds of flows that tell the racks from their nearest rivals, run and judged
+    (``dssync.topology.telling``) until they keep the racks, at most ``TELL_STEPS`` times:
+    rank 0 designs and decides, every rank runs the rounds and adopts. Where the last step
+    still moved ranks, nothing confirmed the move: those ranks are unsure. The steps' record."""
+    observed = concurrent_flows(raw) if comm.rank == 0 else []
+    rejected: list[tuple[int, ...]] = []
+    steps: list[dict[str, Any]] = []
+    moved: set[int] = set()
+    for _ in range(TELL_STEPS):
+        movable = sorted(i for members in fit.groups for i in members)
+        plan = design(fit.racks(), observed, movable) if comm.rank == 0 else None
+        plan = comm.allgather_object(plan)[0]
+        if not plan.rounds:
+            break
+        measured = []
+        for _repeat in range(2):
+            row = []
+            for flows in plan.rounds:
+                rates, _ = _phase(comm, link, flows, cfg, "telling round")
+                row.append(np.array([rates.get(f, 0.0) for f in flows]))
+            measured.append(row)
+        decided = None
+        if comm.rank == 0:
+            verdict = judge(plan, observed, measured, rejected)
+            step = {"racks": list(plan.answer), "rounds": [[list(f) for f in flows] for flows in plan.rounds],
+                    "gbps": [[np.round(r, 4).tolist() for r in row] for row in measured],
+                    "untold": plan.untold, **verdict.record()}
+            before = fit.racks()
+            if verdict.racks is not None:
+                rejected.append(plan.answer)
+                adopt(fit, verdict.racks, movable, "told", reassess)
+                moved = {i for i in movable if {j for j in movable if before[j] == before[i]}
+                         != {j for j in movable if fit.racks()[j] == fit.racks()[i]}}
+            else:
+                fit.unexplained |= verdict.doubted
+                moved = set()
+            decided = (fit, step, moved)
+        fit_now, step, moved = comm.allgather_object(decided)[0]
+        vars(fit).update(vars(fit_now))
+        steps.append(step)
+        if step["taken"] is None:
+            break
+    fit.unexplained |= moved  # the last step moved them and no round confirmed it
+    return steps
+
+
 def _aggregates(phases: list[dict[str, Any]], racks: list[int]) -> list[float] | None:
     """Each rack's blast aggregate in rack order (NaN for a rack that had no blast), from
     ``phases`` (one per group, named by ``rack``)."""
@@ -281,8 +333,12 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
         if iperf is not None:
             iperf.close()
     replay_record = None
+    telling: list[dict[str, Any]] = []
     if not known and not cfg.isolated:
-        replay_record = _replay(comm, fit, raw, lambda f: reassess_blind(f, bandwidth_gbps, latency_us, hosts))
+        def reassess(f: RackFit) -> Any:
+            return reassess_blind(f, bandwidth_gbps, latency_us, hosts)
+        replay_record = _replay(comm, fit, raw, reassess)
+        telling = _tell(comm, link, cfg, fit, raw, reassess)
     phase_seconds = {"pairs": round(time.time() - started_at, 3)}
     provisional = fit.racks()
     # Egress blasts, one per rack: its uplink with all of its members sending across at once
@@ -385,6 +441,8 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
                                 for pass_rounds, bw in raw]
     if replay_record is not None:
         confidence["replay"] = replay_record
+    if telling:
+        confidence["telling"] = telling
     if prior_racks is not None:
         confidence.update(prior_record)
     return ProbeResult(hosts=hosts, latency_us=latency_us, bandwidth_gbps=bandwidth_gbps, racks=racks,

@@ -1,0 +1,127 @@
+"""The telling rounds (``dssync.topology.telling``): flows designed to tell the probe's racks
+from their nearest rivals, judged on rates from the bench's own link model of the emulated
+network (``dssync.bench.same_network``, which knows nothing of the prober), each slowed at
+random as a busy host slows it."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dssync.bench.probe_layouts import Layout
+from dssync.bench.same_network import best_answer, same_network, true_network
+from dssync.probing.phases import round_robin_rounds
+from dssync.topology.replay import concurrent_flows
+from dssync.topology.telling import design, judge, predict
+
+
+def pair_passes(layout: Layout, seed: int, passes: int = 3) -> list:
+    """The pairs phase's passes as the bench's link model rates them, each rate slowed by a
+    random 0-15 % (a busy host never speeds a flow up)."""
+    net, n = true_network(layout), sum(layout.rack_sizes)
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(passes):
+        rounds = round_robin_rounds(n, relabel=k)
+        bw = np.zeros((n, n))
+        for pairs in rounds:
+            for flows in ([(a, b) for a, b in pairs], [(b, a) for a, b in pairs]):
+                for f, rate in zip(flows, net.rates(flows), strict=True):
+                    bw[f] = rate * rng.uniform(0.85, 1.0)
+        out.append((rounds, bw))
+    return out
+
+
+def tell(layout: Layout, racks: list[int], seed: int, slowdown: float = 0.3,
+         movable: list[int] | None = None, steps: int = 3) -> tuple[list[int], set[int], list]:
+    """The probe's design-run-judge steps (``dssync.probing.probe._tell``), each round's
+    flows rated by the bench's model and slowed by up to ``slowdown``: the racks they end
+    at, the ranks they doubt, and each step's verdict."""
+    net = true_network(layout)
+    n = len(racks)
+    movable = list(range(n)) if movable is None else movable
+    observed = concurrent_flows(pair_passes(layout, seed))
+    rng = np.random.default_rng(seed + 1)
+    rejected, verdicts, doubted = [], [], set()
+    for _ in range(steps):
+        plan = design(racks, observed, movable)
+        if not plan.rounds:
+            break
+        measured = [[np.asarray(net.rates(flows)) * rng.uniform(1 - slowdown, 1.0, len(flows))
+                     for flows in plan.rounds] for _repeat in range(2)]
+        verdict = judge(plan, observed, measured, rejected)
+        verdicts.append(verdict)
+        doubted = verdict.doubted
+        if verdict.racks is None:
+            break
+        rejected.append(plan.answer)
+        racks = list(verdict.racks)
+    return racks, doubted, verdicts
+
+
+def right(layout: Layout, racks: list[int]) -> bool:
+    return same_network(layout, best_answer(layout, racks))
+
+
+def test_a_rack_of_one_merged_into_its_neighbour_is_told_apart():
+    # 4,2,1 with uplinks as fast as NICs: no single pair tells worker 6 from a member of the
+    # rack of two, and the probe once wrote them as one rack, confidently. A flow from 6 into
+    # the rack of two beside one from the rack of four into it gets half a NIC on the network
+    # built and a whole one on that answer.
+    layout = Layout((4, 2, 1))
+    merged = [0, 0, 0, 0, 1, 1, 1]
+    assert not right(layout, merged)
+    plan = design(merged, concurrent_flows(pair_passes(layout, 0)), list(range(7)))
+    assert plan.rounds
+    racks, _, verdicts = tell(layout, merged, seed=0)
+    assert verdicts[0].racks is not None
+    assert right(layout, racks), racks
+
+
+def test_two_racks_of_one_merged_are_told_apart_without_coming_back():
+    # 1,1,3,1: workers 0 and 1 written as one rack. The first rival the rounds prefer may be
+    # another wrong answer that explains the same rounds (0 with 5); the next step moves on
+    # from it and never back to the answer already ruled out.
+    layout = Layout((1, 1, 3, 1))
+    racks, _, verdicts = tell(layout, [0, 0, 1, 1, 1, 2], seed=0)
+    assert right(layout, racks), racks
+    taken = [v.racks for v in verdicts if v.racks is not None]
+    assert len(taken) == len(set(taken))
+
+
+def test_rates_at_the_answer_s_predictions_keep_it_and_at_a_rival_s_take_it():
+    layout = Layout((4, 2, 1))
+    observed = concurrent_flows(pair_passes(layout, 3))
+    truth = layout.racks
+    plan = design(truth, observed, list(range(7)))
+    assert plan.rounds and plan.rivals
+    from dssync.topology.telling import _caps  # the capacities the judge predicts with
+    at_answer = [[predict(plan.answer, _caps(plan.answer, observed, c), flows)
+                  for flows, c in zip(plan.rounds, [max(plan.ceilings)] * len(plan.rounds), strict=True)]] * 2
+    verdict = judge(plan, observed, at_answer)
+    assert verdict.racks is None
+    # a rival's own predictions, for the rounds that tell it, take that rival (or another
+    # that explains the same rates at least as well)
+    k = next(k for k, told in enumerate(plan.told) if told)
+    r = plan.told[k][0]
+    labels, ceiling = plan.rivals[r][0], plan.ceilings[r]
+    at_rival = [[predict(labels, _caps(labels, observed, ceiling), flows) for flows in plan.rounds]] * 2
+    verdict = judge(plan, observed, at_rival)
+    assert verdict.racks is not None
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(1, 4), min_size=2, max_size=4).filter(lambda s: 4 <= sum(s) <= 9),
+       slow_uplink=st.integers(-1, 3), slow_nic=st.integers(-1, 8), seed=st.integers(0, 2**16))
+def test_the_rounds_never_move_the_racks_that_were_built(sizes, slow_uplink, slow_nic, seed):
+    """From the true racks, with every telling flow slowed by up to 30 %, no step takes a
+    rival that is not the same network: the rounds can doubt a rank, never lose a right
+    answer. (A blind rank, whose NIC is slow, is not moved, as in the probe.)"""
+    n = sum(sizes)
+    layout = Layout(tuple(sizes),
+                    slow_uplinks={slow_uplink: "400mbit"} if 0 <= slow_uplink < len(sizes) else {},
+                    slow_nics={slow_nic: "400mbit"} if 0 <= slow_nic < n else {})
+    movable = [i for i in range(n) if i not in layout.slow_nics]
+    racks, _, _ = tell(layout, list(layout.racks), seed, movable=movable)
+    assert right(layout, racks), (layout, racks)

@@ -1,0 +1,278 @@
+"""Rounds of flows chosen to tell the probe's answer from its nearest rivals (``design``),
+and what their rates say (``judge``).
+
+The pairs phase runs the flows the round-robin happens to put together. Where an uplink is
+as fast as a NIC, a rack boundary shows only when two flows share that uplink, and whether
+the pairs' rounds ever put the right two flows together is luck: a rack of one beside a rack
+of two explained the pairs' rates as well merged as apart, though two flows into the rack of
+two, one of them from the rack of one, get half a NIC each on the network built and a whole
+one on the merged answer. So after the replay, the probe asks the link model which flows
+would tell its answer from each rival it could still be (every clear rank moved to another
+rack or a rack of its own, every two racks merged), runs those flows at once, twice, and
+lets their rates decide.
+
+The model is the replay's (``dssync.topology.replay``) without the hosts' CPUs: a telling
+round carries a few flows, not a round-robin's worth. Each link's capacity under an answer
+is the most the pairs phase saw it carry at once under that answer. A round *tells* a rival
+where some flow of it is predicted ``TELL_RATIO`` times faster on one than on the other.
+
+``judge`` scores each round by where its flows' measured log-rates (each flow's best of the
+two runs: a busy host only ever slows a flow) lie between the two predictions: ``z = +1`` at
+the rival's, ``-1`` at the answer's. A rival is taken only when every round that tells it
+lies at least three quarters of the way to
+it (``z >= ADOPT_Z``; of several such, the one the pairs' flows explain best), and the ranks it would move are doubted wherever the measurements
+lean toward it on average (``z > DOUBT_Z``): they stay, but the answer is not confident.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dssync.topology.replay import (
+    MIN_GAIN,
+    _canonical,
+    _neighbours,
+    _path,
+    capacities,
+    max_min_rates,
+    misfit,
+)
+
+__all__ = ["ADOPT_Z", "DOUBT_Z", "TELL_RATIO", "TELL_ROUNDS", "Design", "design", "judge", "predict"]
+
+#: The factor by which a telling flow's predicted rate must differ between answer and rival:
+#: a single flow on two busy cores strays by 15-40 % from what its path allows.
+TELL_RATIO = 1.5
+#: Rounds at most (each run twice): a round is a quarter second of streams and its barrier.
+TELL_ROUNDS = 4
+#: Patterns (two flows each) the cover picks at most before packing them into rounds.
+TELL_PATTERNS = 8
+#: Every measurement at least three quarters of the way to the rival: take it.
+ADOPT_Z = 0.5
+#: The measurements lean toward the rival on average (beyond a third of the way): doubt.
+DOUBT_Z = -1.0 / 3.0
+
+Flow = tuple[int, int]
+
+
+def _named(labels: Sequence[int]) -> list[tuple[int, ...]]:
+    members: dict[int, list[int]] = {}
+    for i, r in enumerate(labels):
+        members.setdefault(r, []).append(i)
+    return [tuple(members[r]) for r in labels]
+
+
+def _caps(labels: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray]],
+          ceiling: float = math.inf) -> dict[Any, float]:
+    """The replay's link capacities under ``labels``, without the CPU, each rack's uplink
+    at most ``ceiling``."""
+    return {k: (min(v, ceiling) if k[0] in ("up", "down") else v)
+            for k, v in capacities(_named(labels), observed).items() if k != ("cpu",)}
+
+
+def uplink_ceiling(answer: Sequence[int], rival: Sequence[int],
+                   observed: Sequence[tuple[list[Flow], np.ndarray]]) -> float:
+    """The most an uplink of a rack of two or more that both answers share was seen to
+    carry at once, and at least a typical NIC's best.
+
+    Capacities read off the rates let a wrong answer explain anything: two racks of one
+    merged get an uplink that carried two NICs' worth at once, which no rack of the network
+    carries. A network's uplinks are built alike, so the racks the two answers agree on bound
+    the ones they dispute; the largest of them, so that no true rack is made slower than one
+    of its kind was seen to be. An uplink slower than a NIC is contention, which its rack's
+    own flows show; so no ceiling is below a NIC (one slow rack agreed on bounds nothing).
+    Where uplinks are much faster than NICs and the answers agree on no rack of two, the
+    ceiling is too low and a rival could be read into rates that are only fat uplinks': the
+    pairs' own rule-out and the two repeats guard against it, no more."""
+    named_a, named_r = _named(answer), _named(rival)
+    agreed = {rack for rack in set(named_a) & set(named_r) if len(rack) >= 2}
+    caps = capacities(named_a, observed)
+    seen = [v for (kind, *key), v in caps.items() if kind in ("up", "down") and key[0] in agreed]
+    nics = [v for (kind, *_), v in caps.items() if kind == "out"]
+    return max([*seen, float(np.median(nics))]) if nics else math.inf
+
+
+def predict(labels: Sequence[int], caps: dict[Any, float], flows: Sequence[Flow]) -> np.ndarray:
+    """Max-min fair rates of ``flows`` run at once under ``labels`` and ``caps`` (a link
+    never seen carrying anything limits nothing)."""
+    named = _named(labels)
+    paths = [[link for link in _path(s, d, named) if link != ("cpu",)] for s, d in flows]
+    links = {link for p in paths for link in p}
+    return max_min_rates(paths, {link: caps.get(link, math.inf) for link in links})
+
+
+def _pair_rates(labels: Sequence[int], caps: dict[Any, float], src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """``out[f, g]``: flow f's rate when it runs beside flow g (endpoints distinct), in closed
+    form: two flows interact only on the rack links they both cross, and of two flows on a
+    link of capacity c, one whose own path allows a gets min(a, max(c/2, c - the other's))."""
+    named = _named(labels)
+    inf = math.inf
+
+    def cap(kind: str, key: Any) -> float:
+        return caps.get((kind, key), inf)
+
+    index = {rack: k for k, rack in enumerate(dict.fromkeys(named))}
+    r_src = np.array([index[named[s]] for s in src])
+    r_dst = np.array([index[named[d]] for d in dst])
+    cross = np.array([named[s] != named[d] for s, d in zip(src, dst, strict=True)])
+    up = np.array([cap("up", named[s]) for s in src])
+    down = np.array([cap("down", named[d]) for d in dst])
+    alone = np.minimum(np.array([cap("out", s) for s in src]), np.array([cap("in", d) for d in dst]))
+    alone = np.where(cross, np.minimum(alone, np.minimum(up, down)), alone)
+    both = cross[:, None] & cross[None, :]
+    shared = np.full(both.shape, inf)
+    shared = np.where(both & (r_src[:, None] == r_src[None, :]), up[:, None], shared)
+    shared = np.where(both & (r_dst[:, None] == r_dst[None, :]), np.minimum(shared, down[:, None]), shared)
+    with np.errstate(invalid="ignore"):
+        beside = np.minimum(alone[:, None], np.maximum(shared / 2, shared - alone[None, :]))
+    return np.where(np.isfinite(shared), beside, alone[:, None])
+
+
+@dataclass
+class Design:
+    """The telling rounds and the rivals they tell: ``rounds`` (flows run at once),
+    ``rivals`` (labels over all ranks, with what each changes) and ``told[k]``, the indices
+    of the rivals round k tells."""
+
+    answer: tuple[int, ...]
+    rounds: list[list[Flow]] = field(default_factory=list)
+    rivals: list[tuple[tuple[int, ...], dict[str, Any]]] = field(default_factory=list)
+    told: list[list[int]] = field(default_factory=list)
+    untold: int = 0
+    #: each rival's uplink ceiling (``uplink_ceiling``)
+    ceilings: list[float] = field(default_factory=list)
+
+
+def _tells(pa: np.ndarray, pr: np.ndarray, ratio: float) -> bool:
+    return bool(np.max(np.abs(np.log(np.maximum(pa, 1e-6) / np.maximum(pr, 1e-6))), initial=0.0) >= math.log(ratio))
+
+
+def design(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray]], movable: Sequence[int],
+           ratio: float = TELL_RATIO, max_rounds: int = TELL_ROUNDS, max_patterns: int = TELL_PATTERNS,
+           rule_out: float = MIN_GAIN) -> Design:
+    """Rounds of flows between ``movable`` ranks that tell ``racks`` from the most rivals
+    (module docstring) that the pairs' flows do not already rule out (explaining them worse by
+    ``rule_out``, the replay's ``MIN_GAIN``): a greedy cover over pairs of flows, each pair the one that tells the
+    most rivals not yet told, packed into at most ``max_rounds`` rounds where the flows of
+    one pair change nothing the other's tell."""
+    answer = _canonical(racks)
+    movable = sorted(movable)
+    out = Design(answer=answer)
+    if len(movable) < 3:
+        return out
+    # the rivals the pairs' own flows have not already ruled out (the replay's test)
+    memo: dict[Any, float] = {}
+    own = misfit(answer, observed, memo)
+    rivals = [(lab, what) for lab, what in _neighbours(answer, movable) if misfit(lab, observed, memo) < own + rule_out]
+    out.rivals = rivals
+    if not rivals:
+        return out
+    src = np.array([s for s in movable for d in movable if s != d])
+    dst = np.array([d for s in movable for d in movable if s != d])
+    distinct = ((src[:, None] != src[None, :]) & (src[:, None] != dst[None, :])
+                & (dst[:, None] != src[None, :]) & (dst[:, None] != dst[None, :]))
+    upper = np.triu(distinct, k=1)
+    out.ceilings = [uplink_ceiling(answer, labels, observed) for labels, _ in rivals]
+    caps_a = {c: _caps(answer, observed, c) for c in set(out.ceilings)}
+    base = {c: np.log(np.maximum(_pair_rates(answer, caps_a[c], src, dst), 1e-6)) for c in caps_a}
+    threshold = math.log(ratio)
+    tells = []  # per rival: which pairs tell it, and by how much
+    caps_of = []
+    for (labels, _), c in zip(rivals, out.ceilings, strict=True):
+        caps_of.append(_caps(labels, observed, c))
+        diff = np.abs(base[c] - np.log(np.maximum(_pair_rates(labels, caps_of[-1], src, dst), 1e-6)))
+        strength = np.maximum(diff, diff.T)
+        tells.append(np.where(upper & (strength >= threshold), strength, 0.0))
+    untold = set(range(len(rivals)))
+    picked: list[tuple[list[Flow], list[int]]] = []
+    while untold and len(picked) < max_patterns:  # the most rivals first, then pack
+        stack = np.stack([tells[k] for k in sorted(untold)])
+        count = (stack > 0).sum(axis=0)
+        if count.max() == 0:
+            break
+        score = count + stack.sum(axis=0) / (stack.sum(axis=0).max() + 1.0)  # most rivals, then most strongly
+        f, g = np.unravel_index(int(np.argmax(score)), score.shape)
+        told = [k for k in sorted(untold) if tells[k][f, g] > 0]
+        picked.append(([(int(src[f]), int(dst[f])), (int(src[g]), int(dst[g]))], told))
+        untold -= set(told)
+    for flows, told in picked:  # pack: into the first round whose tells it keeps, and that keeps its own
+        for k, round_flows in enumerate(out.rounds):
+            ends = {x for fl in round_flows for x in fl}
+            if ends & {x for fl in flows for x in fl}:
+                continue
+            trial = [*round_flows, *flows]
+            if all(_tells(predict(answer, caps_a[out.ceilings[r]], trial), predict(rivals[r][0], caps_of[r], trial),
+                          ratio) for r in [*out.told[k], *told]):
+                out.rounds[k] = trial
+                out.told[k] = sorted({*out.told[k], *told})
+                break
+        else:
+            if len(out.rounds) < max_rounds:
+                out.rounds.append(list(flows))
+                out.told.append(list(told))
+    out.untold = len(rivals) - len({r for told in out.told for r in told})
+    return out
+
+
+@dataclass
+class Verdict:
+    """What the telling rounds' rates said: the rival taken (labels) or None, the ranks they
+    doubt, and each told rival's scores (``z`` per round that tells it)."""
+
+    racks: tuple[int, ...] | None
+    doubted: set[int]
+    scores: list[dict[str, Any]]
+
+    def record(self) -> dict[str, Any]:
+        return {"taken": None if self.racks is None else list(self.racks), "doubted": sorted(self.doubted),
+                "rivals": self.scores}
+
+
+def _changed(answer: Sequence[int], rival: Sequence[int]) -> set[int]:
+    """The ranks whose rack-mates differ between the two answers."""
+    def mates(labels: Sequence[int], i: int) -> frozenset[int]:
+        return frozenset(j for j, r in enumerate(labels) if r == labels[i])
+    return {i for i in range(len(answer)) if mates(answer, i) != mates(rival, i)}
+
+
+def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
+          measured: Sequence[Sequence[np.ndarray]], rejected: Sequence[Sequence[int]] = ()) -> Verdict:
+    """The verdict of ``measured`` (per repeat, per round of ``plan``, each flow's Gbit/s;
+    a flow that got nothing is left out) on the answer against each rival its rounds tell
+    (module docstring). Predictions use the pairs phase's capacities (``observed``). An answer
+    in ``rejected`` (one that earlier telling rounds moved away from) is not taken again."""
+    rejected = {_canonical(r) for r in rejected}
+    scores, doubted = [], set()
+    best: tuple[float, tuple[int, ...]] | None = None
+    memo: dict[Any, float] = {}
+    for r, ((labels, what), ceiling) in enumerate(zip(plan.rivals, plan.ceilings, strict=True)):
+        caps_a, caps_r = _caps(plan.answer, observed, ceiling), _caps(labels, observed, ceiling)
+        zs = []
+        for k, flows in enumerate(plan.rounds):
+            if r not in plan.told[k]:
+                continue
+            pa, pr = np.log(np.maximum(predict(plan.answer, caps_a, flows), 1e-6)), \
+                np.log(np.maximum(predict(labels, caps_r, flows), 1e-6))
+            norm = float(((pa - pr) ** 2).sum())
+            # each flow's best over the repeats: a busy host only ever slows a flow
+            got = np.max([np.asarray(repeat[k], dtype=float) for repeat in measured], axis=0)
+            m = np.log(np.where(got > 0, got, np.nan))
+            if norm > 0 and np.isfinite(m).all():
+                zs.append(float((((m - pa) ** 2) - ((m - pr) ** 2)).sum() / norm))
+        if not zs:
+            continue
+        scores.append({**what, "z": [round(z, 3) for z in zs]})
+        if min(zs) >= ADOPT_Z and labels not in rejected:  # of those preferred, the one the pairs explain best
+            cost = misfit(labels, observed, memo)
+            if best is None or cost < best[0]:
+                best = (cost, labels)
+        if float(np.mean(zs)) > DOUBT_Z:
+            doubted |= _changed(plan.answer, labels)
+    if best is not None:
+        return Verdict(racks=best[1], doubted=set(), scores=scores)
+    return Verdict(racks=None, doubted=doubted, scores=scores)
