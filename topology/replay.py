@@ -192,18 +192,36 @@ class Replay:
                 "cut_short": self.cut_short, "doubt_one_rack": self.doubt_one_rack}
 
 
-def _neighbours(labels: tuple[int, ...], movable: Sequence[int]) -> list[tuple[tuple[int, ...], dict[str, Any]]]:
+def _units(movable: Sequence[int], hosts: Sequence[str] | None) -> list[list[int]]:
+    """The movable ranks by host: ranks on one host are one machine, so in one rack, and
+    move together (each rank its own unit where ``hosts`` is None)."""
+    if hosts is None:
+        return [[i] for i in movable]
+    by_host: dict[str, list[int]] = {}
+    for i in movable:
+        by_host.setdefault(hosts[i], []).append(i)
+    return list(by_host.values())
+
+
+def _neighbours(labels: tuple[int, ...], movable: Sequence[int],
+                hosts: Sequence[str] | None = None) -> list[tuple[tuple[int, ...], dict[str, Any]]]:
+    """Every answer one step from ``labels``: a movable rank (with the ranks on its host)
+    moved to another group or a rack of its own, or two groups merged."""
     out = []
     groups = sorted({labels[i] for i in movable})
     fresh = max(labels) + 1
-    for i in movable:
+    for unit in _units(movable, hosts):
+        i = unit[0]
         for target in [*groups, fresh]:
-            if target == labels[i] or (target == fresh and sum(x == labels[i] for x in labels) == 1):
+            if target == labels[i] or (target == fresh and sum(x == labels[i] for x in labels) == len(unit)):
                 continue
             new = list(labels)
-            new[i] = target
-            out.append((_canonical(new), {"move": i, "to": "alone" if target == fresh else
-                                          sorted(j for j in movable if labels[j] == target)}))
+            for k in unit:
+                new[k] = target
+            what = {"move": i, "to": "alone" if target == fresh else sorted(j for j in movable if labels[j] == target)}
+            if len(unit) > 1:
+                what["with"] = unit[1:]
+            out.append((_canonical(new), what))
     for a in groups:
         for b in groups:
             if a < b:
@@ -212,13 +230,22 @@ def _neighbours(labels: tuple[int, ...], movable: Sequence[int]) -> list[tuple[t
     return out
 
 
+def _splits_a_host(labels: Sequence[int], hosts: Sequence[str] | None) -> bool:
+    if hosts is None:
+        return False
+    seen: dict[str, int] = {}
+    return any(seen.setdefault(h, r) != r for h, r in zip(hosts, labels, strict=True))
+
+
 def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray]],
                  movable: Sequence[int] | None = None, min_gain: float = MIN_GAIN,
-                 seconds: float = SEARCH_SECONDS, starts: Sequence[Sequence[int]] = ()) -> Replay:
+                 seconds: float = SEARCH_SECONDS, starts: Sequence[Sequence[int]] = (),
+                 hosts: Sequence[str] | None = None) -> Replay:
     """From ``racks``, the racks that explain ``observed`` best (module docstring).
 
     Only ``movable`` workers move (all by default; a worker whose NIC is slow both ways shows
-    nothing in its flows and stays where it was placed). ``starts`` are other answers to
+    nothing in its flows and stays where it was placed), and ranks on one host (``hosts``)
+    only together. ``starts`` are other answers to
     search from (every worker's rack in each; the unmovable stay where ``racks`` puts them):
     the one that explains the flows best, where it beats ``racks`` by ``min_gain``. The
     search stops after ``seconds`` of CPU time wherever it is (``cut_short``)."""
@@ -245,7 +272,7 @@ def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.n
         current, moves = cost(labels), []
         for _ in range(2 * n):
             options = []
-            for lab, what in _neighbours(labels, movable):
+            for lab, what in _neighbours(labels, movable, hosts):
                 if out_of_time():
                     return labels, current, moves
                 options.append((cost(lab), lab, what))
@@ -271,7 +298,8 @@ def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.n
         if out_of_time():
             break
         mine = _canonical([start[i] if i not in fixed else n + fixed[i] for i in range(n)])
-        tried.append((cost(mine), mine))
+        if not _splits_a_host(mine, hosts):
+            tried.append((cost(mine), mine))
     found = []
     if tried:
         best_cost, best_start = min(tried)
@@ -282,8 +310,9 @@ def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.n
     doubt = False
     if len({labels[i] for i in movable}) == 1 and not cut[0]:
         alone = list(labels)
-        for k, i in enumerate(movable):
-            alone[i] = max(labels) + 1 + k
+        for k, unit in enumerate(_units(movable, hosts)):
+            for i in unit:
+                alone[i] = max(labels) + 1 + k
         start = _canonical(alone)
         from_alone = descend(start)
         if not cut[0]:
@@ -294,10 +323,10 @@ def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.n
     if name != "the fit":
         moves = [{"start": name}, *moves]
     margins: dict[int, float] = {}
-    for lab, what in _neighbours(labels, movable):
+    for lab, what in _neighbours(labels, movable, hosts):
         if "move" in what:
-            i = what["move"]
-            margins[i] = min(margins.get(i, math.inf), cost(lab) - current)
+            for i in [what["move"], *what.get("with", [])]:
+                margins[i] = min(margins.get(i, math.inf), cost(lab) - current)
     return Replay(racks=list(labels), before=before, after=current, moves=moves, margins=margins,
                   cut_short=cut[0], doubt_one_rack=doubt)
 
@@ -320,7 +349,8 @@ def adopt(fit: RackFit, racks: Sequence[int], movable: Sequence[int], how: str,
 
 def replay_fit(fit: RackFit, observed: Sequence[tuple[list[Flow], np.ndarray]],
                starts: Sequence[Sequence[int]] = (),
-               reassess: Callable[[RackFit], Any] | None = None) -> Replay | None:
+               reassess: Callable[[RackFit], Any] | None = None,
+               hosts: Sequence[str] | None = None) -> Replay | None:
     """Check ``fit`` against ``observed`` and change it in place: its clear ranks' groups
     become the replay's racks when a move was taken. A blind rank's candidates and
     placement name the fitted groups: with blind ranks the replay moves the clear ranks
@@ -337,7 +367,7 @@ def replay_fit(fit: RackFit, observed: Sequence[tuple[list[Flow], np.ndarray]],
     if len(movable) < 2 or not observed:
         return None
     fitted = fit.racks()
-    replay = replay_racks(fitted, observed, movable, seconds=SEARCH_SECONDS, starts=starts)
+    replay = replay_racks(fitted, observed, movable, seconds=SEARCH_SECONDS, starts=starts, hosts=hosts)
     # beside blind ranks, whose flows moved nobody and may put them with the ranks that
     # moved, those are only as sure as the blind ranks' places
     moved = ({i for i in movable if _mates(fitted, i) != _mates(replay.racks, i)}
@@ -345,7 +375,7 @@ def replay_fit(fit: RackFit, observed: Sequence[tuple[list[Flow], np.ndarray]],
     if moved and reassess is None:
         # not taken: the ranks the replay would move are doubted, and the margins are the
         # fitted answer's own
-        replay = replay_racks(fitted, observed, movable, min_gain=math.inf)
+        replay = replay_racks(fitted, observed, movable, min_gain=math.inf, hosts=hosts)
         fit.unexplained = moved | {i for i, m in replay.margins.items() if m < -DOUBT}
         return replay
     if replay.moves:

@@ -20,7 +20,7 @@ import itertools
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,8 +65,8 @@ from dssync.topology.placement import (
 )
 from dssync.topology.prior import RackPrior, weigh_prior
 from dssync.topology.racks import fit_racks
-from dssync.topology.replay import adopt, concurrent_flows, cut_partitions, replay_fit
-from dssync.topology.telling import design, judge
+from dssync.topology.replay import concurrent_flows, cut_partitions, replay_fit
+from dssync.topology.telling import adopt_told, design, judge
 
 __all__ = [
     "BACKENDS",
@@ -198,7 +198,7 @@ def _pairs(comm: Communicator, link: _Link, cfg: ProbeConfig, rounds: list[list[
 
 
 def _replay(comm: Communicator, fit: RackFit, raw: list[tuple[list[list[tuple[int, int]]], np.ndarray]],
-            reassess: Callable[[RackFit], Any]) -> dict[str, Any] | None:
+            reassess: Callable[[RackFit], Any], hosts: Sequence[str] | None = None) -> dict[str, Any] | None:
     """The fitted racks checked against every rate the pairs phase's concurrent flows got,
     not only each path's best (``dssync.topology.replay.replay_fit``; ``reassess`` works the
     blind ranks out again where the clear ranks moved): rank 0 decides (the search is CPU
@@ -207,7 +207,7 @@ def _replay(comm: Communicator, fit: RackFit, raw: list[tuple[list[list[tuple[in
     mine = None
     if comm.rank == 0:
         replay = replay_fit(fit, concurrent_flows(raw), starts=cut_partitions([bw for _, bw in raw]),
-                            reassess=reassess)
+                            reassess=reassess, hosts=hosts)
         if replay is not None:
             mine = (fit, replay.record())
     decided = comm.allgather_object(mine)[0]
@@ -219,7 +219,8 @@ def _replay(comm: Communicator, fit: RackFit, raw: list[tuple[list[list[tuple[in
 
 def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
           raw: list[tuple[list[list[tuple[int, int]]], np.ndarray]],
-          reassess: Callable[[RackFit], Any]) -> list[dict[str, Any]]:
+          reassess: Callable[[RackFit], Any], queued: Sequence[int] = (),
+          hosts: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Rounds of flows that tell the racks from their nearest rivals, run and judged
     (``dssync.topology.telling``) until they keep the racks, at most ``TELL_STEPS`` times:
     rank 0 designs and decides, every rank runs the rounds and adopts. Where the last step
@@ -229,8 +230,10 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
     steps: list[dict[str, Any]] = []
     moved: set[int] = set()
     for _ in range(TELL_STEPS):
-        movable = sorted(i for members in fit.groups for i in members)
-        plan = design(fit.racks(), observed, movable) if comm.rank == 0 else None
+        # blind ranks too: their flows are slow, but they still take their share of an uplink;
+        # not a rank behind another job's queue at its NIC, whose rates are that job's to set
+        movable = sorted({*(i for members in fit.groups for i in members), *fit.blind} - set(queued))
+        plan = design(fit.racks(), observed, movable, hosts=hosts) if comm.rank == 0 else None
         plan = comm.allgather_object(plan)[0]
         if not plan.rounds:
             break
@@ -247,12 +250,9 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
             step = {"racks": list(plan.answer), "rounds": [[list(f) for f in flows] for flows in plan.rounds],
                     "gbps": [[np.round(r, 4).tolist() for r in row] for row in measured],
                     "untold": plan.untold, **verdict.record()}
-            before = fit.racks()
             if verdict.racks is not None:
                 rejected.append(plan.answer)
-                adopt(fit, verdict.racks, movable, "told", reassess)
-                moved = {i for i in movable if {j for j in movable if before[j] == before[i]}
-                         != {j for j in movable if fit.racks()[j] == fit.racks()[i]}}
+                moved = adopt_told(fit, verdict.racks, reassess)
             else:
                 fit.unexplained |= verdict.doubted
                 moved = set()
@@ -337,8 +337,8 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
     if not known and not cfg.isolated:
         def reassess(f: RackFit) -> Any:
             return reassess_blind(f, bandwidth_gbps, latency_us, hosts)
-        replay_record = _replay(comm, fit, raw, reassess)
-        telling = _tell(comm, link, cfg, fit, raw, reassess)
+        replay_record = _replay(comm, fit, raw, reassess, hosts)
+        telling = _tell(comm, link, cfg, fit, raw, reassess, queued_ranks(latency_us), hosts)
     phase_seconds = {"pairs": round(time.time() - started_at, 3)}
     provisional = fit.racks()
     # Egress blasts, one per rack: its uplink with all of its members sending across at once

@@ -326,3 +326,20 @@ def test_after_the_replay_every_blind_worker_is_judged_on_the_racks_it_left(size
         for g in mates_groups:
             if j not in fit.placed and fit.candidates.get(j) is not None:
                 assert g in fit.candidates[j]
+
+
+def test_ranks_on_one_host_move_together_and_are_never_split():
+    """Ranks on one host are one machine, so in one rack: the search moves them as one and
+    never keeps an answer that parts them, whatever the flows say. 1,1,3 built with ranks 0
+    and 1 on one host (so the network is really 2,3): from one rack, the replay may split the
+    ranks into racks but never 0 from 1."""
+    layout = Layout((1, 1, 3))
+    observed = concurrent_flows(measured(layout, seed=0))
+    hosts = ["a", "a", "c", "d", "e"]
+    replay = replay_racks([0] * 5, observed, hosts=hosts)
+    assert replay.racks[0] == replay.racks[1]
+    from dssync.topology.replay import _neighbours
+    for labels, what in _neighbours((0, 0, 0, 1, 1), range(5), hosts):
+        assert labels[0] == labels[1], what
+    # every rank on one host: nothing can move
+    assert replay_racks([0] * 5, observed, hosts=["h"] * 5).racks == [0] * 5

@@ -117,11 +117,26 @@ def test_rates_at_the_answer_s_predictions_keep_it_and_at_a_rival_s_take_it():
 def test_the_rounds_never_move_the_racks_that_were_built(sizes, slow_uplink, slow_nic, seed):
     """From the true racks, with every telling flow slowed by up to 30 %, no step takes a
     rival that is not the same network: the rounds can doubt a rank, never lose a right
-    answer. (A blind rank, whose NIC is slow, is not moved, as in the probe.)"""
+    answer. Blind ranks (a slow NIC) move too, as in the probe."""
     n = sum(sizes)
     layout = Layout(tuple(sizes),
                     slow_uplinks={slow_uplink: "400mbit"} if 0 <= slow_uplink < len(sizes) else {},
                     slow_nics={slow_nic: "400mbit"} if 0 <= slow_nic < n else {})
-    movable = [i for i in range(n) if i not in layout.slow_nics]
-    racks, _, _ = tell(layout, list(layout.racks), seed, movable=movable)
+    racks, _, _ = tell(layout, list(layout.racks), seed)
     assert right(layout, racks), (layout, racks)
+
+
+def test_a_blind_rank_the_rounds_put_with_clear_ranks_is_placed_in_their_group():
+    from dssync.topology.placement import RackFit
+    from dssync.topology.telling import adopt_told
+
+    # ranks 0-2 and 4 clear in two groups, rank 3 blind and unplaced (a rack of its own)
+    fit = RackFit(n=5, groups=[[0, 1, 2], [4]], blind=[3])
+    assert fit.racks() == [0, 0, 0, 1, 2]
+    moved = adopt_told(fit, [0, 0, 0, 1, 1])
+    assert fit.placed == {3: 1} and fit.racks() == [0, 0, 0, 1, 1]
+    assert moved == {3, 4}
+    # a rival that leaves the blind rank alone, as it was, does not decide it
+    fit = RackFit(n=5, groups=[[0, 1], [2, 4]], blind=[3])
+    adopt_told(fit, [0, 0, 0, 1, 0])
+    assert 3 not in fit.placed and fit.groups == [[0, 1, 2, 4]]
