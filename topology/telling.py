@@ -46,7 +46,7 @@ from dssync.topology.replay import (
     misfit,
 )
 
-__all__ = ["ADOPT_Z", "DOUBT_Z", "TELL_RATIO", "TELL_ROUNDS", "Design", "adopt_told", "design", "judge", "predict"]
+__all__ = ["ADOPT_Z", "DOUBT_Z", "TELL_RATIO", "TELL_ROUNDS", "Design", "adopt_told", "design", "judge", "moved_ranks", "predict"]
 
 #: The factor by which a telling flow's predicted rate must differ between answer and rival.
 #: In a round-robin round of eight flows on two busy cores a flow strays by 15-40 % from what
@@ -243,7 +243,7 @@ class Verdict:
                 "rivals": self.scores}
 
 
-def _changed(answer: Sequence[int], rival: Sequence[int]) -> set[int]:
+def moved_ranks(answer: Sequence[int], rival: Sequence[int]) -> set[int]:
     """The ranks whose rack-mates differ between the two answers."""
     def mates(labels: Sequence[int], i: int) -> frozenset[int]:
         return frozenset(j for j, r in enumerate(labels) if r == labels[i])
@@ -289,7 +289,7 @@ def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
             if best is None or cost < best[0]:
                 best = (cost, labels)
         if float(np.mean(clean)) > DOUBT_Z:
-            doubted |= _changed(plan.answer, labels)
+            doubted |= moved_ranks(plan.answer, labels)
     if best is not None:
         return Verdict(racks=best[1], doubted=set(), scores=scores)
     return Verdict(racks=None, doubted=doubted, scores=scores)

@@ -66,7 +66,7 @@ from dssync.topology.placement import (
 from dssync.topology.prior import RackPrior, weigh_prior
 from dssync.topology.racks import fit_racks
 from dssync.topology.replay import concurrent_flows, cut_partitions, replay_fit
-from dssync.topology.telling import adopt_told, design, judge
+from dssync.topology.telling import adopt_told, design, judge, moved_ranks
 
 __all__ = [
     "BACKENDS",
@@ -253,6 +253,9 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
             if verdict.racks is not None:
                 rejected.append(plan.answer)
                 moved = adopt_told(fit, verdict.racks, reassess)
+                if not moved:  # a rival the fit cannot hold (two blind ranks in a rack of their own)
+                    fit.unexplained |= moved_ranks(plan.answer, verdict.racks)
+                    step["taken"] = None
             else:
                 fit.unexplained |= verdict.doubted
                 moved = set()
