@@ -33,7 +33,7 @@ import numpy as np
 from dssync.topology.matrices import renumber_racks
 from dssync.topology.placement import RackFit
 
-__all__ = ["DOUBT", "FLOW_CAP", "MIN_GAIN", "SEARCH_SECONDS", "Replay", "adopt", "capacities", "concurrent_flows",
+__all__ = ["DOUBT", "FLOW_CAP", "MIN_GAIN", "SEARCH_SECONDS", "Replay", "adopt", "capacities", "moved_ranks", "named_racks", "concurrent_flows",
            "cut_partitions", "max_min_rates",
            "misfit", "replay_fit", "replay_racks"]
 
@@ -113,17 +113,28 @@ def capacities(racks: Sequence[Any], observed: Sequence[tuple[list[Flow], np.nda
     return capacity
 
 
+def named_racks(racks: Sequence[int]) -> list[tuple[int, ...]]:
+    """Each rank's rack named by its members: a link is known by its rack's members, so
+    two answers that agree on a rack agree on its links, whatever their labels."""
+    members: dict[int, list[int]] = {}
+    for i, r in enumerate(racks):
+        members.setdefault(r, []).append(i)
+    return [tuple(members[r]) for r in racks]
+
+
+def moved_ranks(before: Sequence[int], after: Sequence[int]) -> set[int]:
+    """The ranks whose rack-mates differ between the two answers."""
+    a, b = named_racks(before), named_racks(after)
+    return {i for i in range(len(a)) if a[i] != b[i]}
+
+
 def misfit(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray]],
            memo: dict[Any, float] | None = None) -> float:
     """How far the measured rates lie from the ones ``racks`` predicts (module docstring).
     ``memo`` keeps each round's misfit by what decides it (which of its flows share which
     links, and those links' capacities), so answers that differ in one worker recompute
     only the rounds that worker's racks touch."""
-    members: dict[int, list[int]] = {}
-    for i, r in enumerate(racks):
-        members.setdefault(r, []).append(i)
-    rack_id = {r: tuple(m) for r, m in members.items()}  # a link is known by its rack's members
-    named = [rack_id[r] for r in racks]
+    named = named_racks(racks)
     capacity = capacities(named, observed)
     memo = {} if memo is None else memo
     total = 0.0
@@ -331,10 +342,6 @@ def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.n
                   cut_short=cut[0], doubt_one_rack=doubt)
 
 
-def _mates(racks: Sequence[int], i: int) -> set[int]:
-    return {j for j, r in enumerate(racks) if r == racks[i]}
-
-
 def adopt(fit: RackFit, racks: Sequence[int], movable: Sequence[int], how: str,
           reassess: Callable[[RackFit], Any] | None = None) -> None:
     """Make ``racks`` (labels over all ranks) the groups of ``fit``'s ``movable`` ranks;
@@ -370,8 +377,7 @@ def replay_fit(fit: RackFit, observed: Sequence[tuple[list[Flow], np.ndarray]],
     replay = replay_racks(fitted, observed, movable, seconds=SEARCH_SECONDS, starts=starts, hosts=hosts)
     # beside blind ranks, whose flows moved nobody and may put them with the ranks that
     # moved, those are only as sure as the blind ranks' places
-    moved = ({i for i in movable if _mates(fitted, i) != _mates(replay.racks, i)}
-             if replay.moves and fit.blind else set())
+    moved = moved_ranks(fitted, replay.racks) & set(movable) if replay.moves and fit.blind else set()
     if moved and reassess is None:
         # not taken: the ranks the replay would move are doubted, and the margins are the
         # fitted answer's own

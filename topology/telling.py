@@ -44,9 +44,11 @@ from dssync.topology.replay import (
     capacities,
     max_min_rates,
     misfit,
+    moved_ranks,
+    named_racks,
 )
 
-__all__ = ["ADOPT_Z", "DOUBT_Z", "TELL_RATIO", "TELL_ROUNDS", "Design", "adopt_told", "design", "judge", "moved_ranks", "predict"]
+__all__ = ["ADOPT_Z", "DOUBT_Z", "TELL_RATIO", "TELL_ROUNDS", "Design", "adopt_told", "design", "judge", "predict"]
 
 #: The factor by which a telling flow's predicted rate must differ between answer and rival.
 #: In a round-robin round of eight flows on two busy cores a flow strays by 15-40 % from what
@@ -69,19 +71,12 @@ NOISE_SHARE = 0.5
 Flow = tuple[int, int]
 
 
-def _named(labels: Sequence[int]) -> list[tuple[int, ...]]:
-    members: dict[int, list[int]] = {}
-    for i, r in enumerate(labels):
-        members.setdefault(r, []).append(i)
-    return [tuple(members[r]) for r in labels]
-
-
 def _caps(labels: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray]],
           ceiling: float = math.inf) -> dict[Any, float]:
     """The replay's link capacities under ``labels``, without the CPU, each rack's uplink
     at most ``ceiling``."""
     return {k: (min(v, ceiling) if k[0] in ("up", "down") else v)
-            for k, v in capacities(_named(labels), observed).items() if k != ("cpu",)}
+            for k, v in capacities(named_racks(labels), observed).items() if k != ("cpu",)}
 
 
 def uplink_ceiling(answer: Sequence[int], rival: Sequence[int],
@@ -98,7 +93,7 @@ def uplink_ceiling(answer: Sequence[int], rival: Sequence[int],
     Where uplinks are much faster than NICs and the answers agree on no rack of two, the
     ceiling is too low and a rival could be read into rates that are only fat uplinks': the
     pairs' own rule-out and the two repeats guard against it, no more."""
-    named_a, named_r = _named(answer), _named(rival)
+    named_a, named_r = named_racks(answer), named_racks(rival)
     agreed = {rack for rack in set(named_a) & set(named_r) if len(rack) >= 2}
     caps = capacities(named_a, observed)
     seen = [v for (kind, *key), v in caps.items() if kind in ("up", "down") and key[0] in agreed]
@@ -109,7 +104,7 @@ def uplink_ceiling(answer: Sequence[int], rival: Sequence[int],
 def predict(labels: Sequence[int], caps: dict[Any, float], flows: Sequence[Flow]) -> np.ndarray:
     """Max-min fair rates of ``flows`` run at once under ``labels`` and ``caps`` (a link
     never seen carrying anything limits nothing)."""
-    named = _named(labels)
+    named = named_racks(labels)
     paths = [[link for link in _path(s, d, named) if link != ("cpu",)] for s, d in flows]
     links = {link for p in paths for link in p}
     return max_min_rates(paths, {link: caps.get(link, math.inf) for link in links})
@@ -119,7 +114,7 @@ def _pair_rates(labels: Sequence[int], caps: dict[Any, float], src: np.ndarray, 
     """``out[f, g]``: flow f's rate when it runs beside flow g (endpoints distinct), in closed
     form: two flows interact only on the rack links they both cross, and of two flows on a
     link of capacity c, one whose own path allows a gets min(a, max(c/2, c - the other's))."""
-    named = _named(labels)
+    named = named_racks(labels)
     inf = math.inf
 
     def cap(kind: str, key: Any) -> float:
@@ -243,13 +238,6 @@ class Verdict:
                 "rivals": self.scores}
 
 
-def moved_ranks(answer: Sequence[int], rival: Sequence[int]) -> set[int]:
-    """The ranks whose rack-mates differ between the two answers."""
-    def mates(labels: Sequence[int], i: int) -> frozenset[int]:
-        return frozenset(j for j, r in enumerate(labels) if r == labels[i])
-    return {i for i in range(len(answer)) if mates(answer, i) != mates(rival, i)}
-
-
 def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
           measured: Sequence[Sequence[np.ndarray]], rejected: Sequence[Sequence[int]] = ()) -> Verdict:
     """The verdict of ``measured`` (per repeat, per round of ``plan``, each flow's Gbit/s;
@@ -260,8 +248,11 @@ def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
     scores, doubted = [], set()
     best: tuple[float, tuple[int, ...]] | None = None
     memo: dict[Any, float] = {}
+    caps_of_answer: dict[float, dict[Any, float]] = {}  # the answer's capacities by ceiling, once each
     for r, ((labels, what), ceiling) in enumerate(zip(plan.rivals, plan.ceilings, strict=True)):
-        caps_a, caps_r = _caps(plan.answer, observed, ceiling), _caps(labels, observed, ceiling)
+        if ceiling not in caps_of_answer:
+            caps_of_answer[ceiling] = _caps(plan.answer, observed, ceiling)
+        caps_a, caps_r = caps_of_answer[ceiling], _caps(labels, observed, ceiling)
         zs: list[float | None] = []
         for k, flows in enumerate(plan.rounds):
             if r not in plan.told[k]:
@@ -301,25 +292,18 @@ def adopt_told(fit: RackFit, racks: Sequence[int], reassess: Any = None) -> set[
     out again where they moved), and each blind rank the rival puts with clear ranks placed
     in their group, or one it takes out of a group on a rack of its own. A blind rank the
     rival leaves alone, as it was, stays as it was. The ranks whose rack-mates changed."""
-    n = len(racks)
-
-    def mates(labels: Sequence[int], i: int, among: Sequence[int]) -> frozenset[int]:
-        return frozenset(j for j in among if labels[j] == labels[i])
-
     before = fit.racks()
     clear = sorted(i for members in fit.groups for i in members)
-    if any(mates(before, i, clear) != mates(racks, i, clear) for i in clear):
+    if moved_ranks([before[i] for i in clear], [racks[i] for i in clear]):
         adopt(fit, racks, clear, "told", reassess)
-    everyone = range(n)
     for j in fit.blind:
         with_clear = [i for i in clear if racks[i] == racks[j]]
         if with_clear:
             fit.placed[j] = next(g for g, members in enumerate(fit.groups) if with_clear[0] in members)
-        elif mates(racks, j, everyone) == {j} and mates(before, j, everyone) != {j}:
+        elif list(racks).count(racks[j]) == 1 and before.count(before[j]) > 1:
             fit.placed[j] = None
         else:
             continue
         fit.evidence[j] = "the telling rounds' flows"
         fit.tentative.discard(j)
-    after = fit.racks()
-    return {i for i in everyone if mates(before, i, everyone) != mates(after, i, everyone)}
+    return moved_ranks(before, fit.racks())

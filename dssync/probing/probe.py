@@ -65,8 +65,8 @@ from dssync.topology.placement import (
 )
 from dssync.topology.prior import RackPrior, weigh_prior
 from dssync.topology.racks import fit_racks
-from dssync.topology.replay import concurrent_flows, cut_partitions, replay_fit
-from dssync.topology.telling import adopt_told, design, judge, moved_ranks
+from dssync.topology.replay import concurrent_flows, cut_partitions, moved_ranks, replay_fit
+from dssync.topology.telling import adopt_told, design, judge
 
 __all__ = [
     "BACKENDS",
@@ -234,13 +234,13 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
         # not a rank behind another job's queue at its NIC, whose rates are that job's to set
         movable = sorted({*(i for members in fit.groups for i in members), *fit.blind} - set(queued))
         plan = design(fit.racks(), observed, movable, hosts=hosts) if comm.rank == 0 else None
-        plan = comm.allgather_object(plan)[0]
-        if not plan.rounds:
+        rounds = comm.allgather_object(plan.rounds if plan is not None else None)[0]  # rank 0's, to all
+        if not rounds:
             break
         measured = []
         for _repeat in range(2):
             row = []
-            for flows in plan.rounds:
+            for flows in rounds:
                 rates, _ = _phase(comm, link, flows, cfg, "telling round")
                 row.append(np.array([rates.get(f, 0.0) for f in flows]))
             measured.append(row)

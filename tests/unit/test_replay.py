@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from model_rates import measured
 
 from dssync.bench.probe_layouts import Layout
 from dssync.bench.same_network import Answer, same_network, true_network
@@ -45,23 +46,6 @@ def test_concurrent_flows_are_a_rounds_pairs_one_direction_at_a_time():
 def rack_sizes(most_racks: int) -> st.SearchStrategy[list[int]]:
     """2 to ``most_racks`` racks of 1-4 workers, 4-9 workers in all."""
     return st.lists(st.integers(1, 4), min_size=2, max_size=most_racks).filter(lambda s: 4 <= sum(s) <= 9)
-
-
-def measured(layout: Layout, seed: int, passes: int = 3) -> list:
-    """The pairs phase's passes on ``layout`` as the bench's link model rates them, each rate
-    slowed by a random 0-15 % (a busy host never speeds a flow up)."""
-    net, n = true_network(layout), sum(layout.rack_sizes)
-    rng = np.random.default_rng(seed)
-    out = []
-    for k in range(passes):
-        rounds = round_robin_rounds(n, relabel=k)
-        bw = np.zeros((n, n))
-        for pairs in rounds:
-            for flows in ([(a, b) for a, b in pairs], [(b, a) for a, b in pairs]):
-                for f, rate in zip(flows, net.rates(flows), strict=True):
-                    bw[f] = rate * rng.uniform(0.85, 1.0)
-        out.append((rounds, bw))
-    return out
 
 
 def test_a_rack_of_three_behind_an_uplink_as_fast_as_its_nics_is_found_where_the_best_rates_show_none():

@@ -8,29 +8,12 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from model_rates import measured
 
 from dssync.bench.probe_layouts import Layout
 from dssync.bench.same_network import best_answer, same_network, true_network
-from dssync.probing.phases import round_robin_rounds
 from dssync.topology.replay import concurrent_flows
 from dssync.topology.telling import design, judge, predict
-
-
-def pair_passes(layout: Layout, seed: int, passes: int = 3) -> list:
-    """The pairs phase's passes as the bench's link model rates them, each rate slowed by a
-    random 0-15 % (a busy host never speeds a flow up)."""
-    net, n = true_network(layout), sum(layout.rack_sizes)
-    rng = np.random.default_rng(seed)
-    out = []
-    for k in range(passes):
-        rounds = round_robin_rounds(n, relabel=k)
-        bw = np.zeros((n, n))
-        for pairs in rounds:
-            for flows in ([(a, b) for a, b in pairs], [(b, a) for a, b in pairs]):
-                for f, rate in zip(flows, net.rates(flows), strict=True):
-                    bw[f] = rate * rng.uniform(0.85, 1.0)
-        out.append((rounds, bw))
-    return out
 
 
 def tell(layout: Layout, racks: list[int], seed: int, slowdown: float = 0.3,
@@ -41,16 +24,16 @@ def tell(layout: Layout, racks: list[int], seed: int, slowdown: float = 0.3,
     net = true_network(layout)
     n = len(racks)
     movable = list(range(n)) if movable is None else movable
-    observed = concurrent_flows(pair_passes(layout, seed))
+    observed = concurrent_flows(measured(layout, seed))
     rng = np.random.default_rng(seed + 1)
     rejected, verdicts, doubted = [], [], set()
     for _ in range(steps):
         plan = design(racks, observed, movable)
         if not plan.rounds:
             break
-        measured = [[np.asarray(net.rates(flows)) * rng.uniform(1 - slowdown, 1.0, len(flows))
-                     for flows in plan.rounds] for _repeat in range(2)]
-        verdict = judge(plan, observed, measured, rejected)
+        runs = [[np.asarray(net.rates(flows)) * rng.uniform(1 - slowdown, 1.0, len(flows))
+                 for flows in plan.rounds] for _repeat in range(2)]
+        verdict = judge(plan, observed, runs, rejected)
         verdicts.append(verdict)
         doubted = verdict.doubted
         if verdict.racks is None:
@@ -72,7 +55,7 @@ def test_a_rack_of_one_merged_into_its_neighbour_is_told_apart():
     layout = Layout((4, 2, 1))
     merged = [0, 0, 0, 0, 1, 1, 1]
     assert not right(layout, merged)
-    plan = design(merged, concurrent_flows(pair_passes(layout, 0)), list(range(7)))
+    plan = design(merged, concurrent_flows(measured(layout, 0)), list(range(7)))
     assert plan.rounds
     racks, _, verdicts = tell(layout, merged, seed=0)
     assert verdicts[0].racks is not None
@@ -92,13 +75,13 @@ def test_two_racks_of_one_merged_are_told_apart_without_coming_back():
 
 def test_rates_at_the_answer_s_predictions_keep_it_and_at_a_rival_s_take_it():
     layout = Layout((4, 2, 1))
-    observed = concurrent_flows(pair_passes(layout, 3))
+    observed = concurrent_flows(measured(layout, 3))
     truth = layout.racks
     plan = design(truth, observed, list(range(7)))
     assert plan.rounds and plan.rivals
     from dssync.topology.telling import _caps  # the capacities the judge predicts with
-    at_answer = [[predict(plan.answer, _caps(plan.answer, observed, c), flows)
-                  for flows, c in zip(plan.rounds, [max(plan.ceilings)] * len(plan.rounds), strict=True)]] * 2
+    caps = _caps(plan.answer, observed, max(plan.ceilings))
+    at_answer = [[predict(plan.answer, caps, flows) for flows in plan.rounds]] * 2
     verdict = judge(plan, observed, at_answer)
     assert verdict.racks is None
     # a rival's own predictions, for the rounds that tell it, take that rival (or another
