@@ -150,6 +150,9 @@ class Design:
     untold: int = 0
     #: each rival's uplink ceiling (``uplink_ceiling``)
     ceilings: list[float] = field(default_factory=list)
+    #: the link capacities predictions use: the answer's by ceiling, each rival's under its own
+    answer_caps: dict[float, dict[Any, float]] = field(default_factory=dict)
+    rival_caps: list[dict[Any, float]] = field(default_factory=list)
 
 
 def _tells(pa: np.ndarray, pr: np.ndarray, ratio: float) -> bool:
@@ -183,11 +186,11 @@ def design(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray
                 & (dst[:, None] != src[None, :]) & (dst[:, None] != dst[None, :]))
     upper = np.triu(distinct, k=1)
     out.ceilings = [uplink_ceiling(answer, labels, observed) for labels, _ in rivals]
-    caps_a = {c: _caps(answer, observed, c) for c in set(out.ceilings)}
+    caps_a = out.answer_caps = {c: _caps(answer, observed, c) for c in set(out.ceilings)}
     base = {c: np.log(np.maximum(_pair_rates(answer, caps_a[c], src, dst), 1e-6)) for c in caps_a}
     threshold = math.log(ratio)
     tells = []  # per rival: which pairs tell it, and by how much
-    caps_of = []
+    caps_of = out.rival_caps
     for (labels, _), c in zip(rivals, out.ceilings, strict=True):
         caps_of.append(_caps(labels, observed, c))
         diff = np.abs(base[c] - np.log(np.maximum(_pair_rates(labels, caps_of[-1], src, dst), 1e-6)))
@@ -242,17 +245,15 @@ def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
           measured: Sequence[Sequence[np.ndarray]], rejected: Sequence[Sequence[int]] = ()) -> Verdict:
     """The verdict of ``measured`` (per repeat, per round of ``plan``, each flow's Gbit/s;
     a flow that got nothing is left out) on the answer against each rival its rounds tell
-    (module docstring). Predictions use the pairs phase's capacities (``observed``). An answer
+    (module docstring). Predictions use the capacities ``plan`` read off the pairs phase; of
+    the rivals preferred, the one the pairs' flows (``observed``) explain best is taken. An answer
     in ``rejected`` (one that earlier telling rounds moved away from) is not taken again."""
     rejected = {_canonical(r) for r in rejected}
     scores, doubted = [], set()
     best: tuple[float, tuple[int, ...]] | None = None
     memo: dict[Any, float] = {}
-    caps_of_answer: dict[float, dict[Any, float]] = {}  # the answer's capacities by ceiling, once each
     for r, ((labels, what), ceiling) in enumerate(zip(plan.rivals, plan.ceilings, strict=True)):
-        if ceiling not in caps_of_answer:
-            caps_of_answer[ceiling] = _caps(plan.answer, observed, ceiling)
-        caps_a, caps_r = caps_of_answer[ceiling], _caps(labels, observed, ceiling)
+        caps_a, caps_r = plan.answer_caps[ceiling], plan.rival_caps[r]
         zs: list[float | None] = []
         for k, flows in enumerate(plan.rounds):
             if r not in plan.told[k]:
