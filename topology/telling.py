@@ -161,12 +161,16 @@ def _tells(pa: np.ndarray, pr: np.ndarray, ratio: float) -> bool:
 
 def design(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray]], movable: Sequence[int],
            ratio: float = TELL_RATIO, max_rounds: int = TELL_ROUNDS, max_patterns: int = TELL_PATTERNS,
-           rule_out: float = MIN_GAIN, hosts: Sequence[str] | None = None) -> Design:
+           rule_out: float = MIN_GAIN, hosts: Sequence[str] | None = None,
+           avoid: Sequence[Sequence[int]] = ()) -> Design:
     """Rounds of flows between ``movable`` ranks that tell ``racks`` from the most rivals
     (module docstring) that the pairs' flows do not already rule out (explaining them worse by
     ``rule_out``, the replay's ``MIN_GAIN``): a greedy cover over pairs of flows, each pair the one that tells the
     most rivals not yet told, packed into at most ``max_rounds`` rounds where the flows of
-    one pair change nothing the other's tell. Ranks on one host (``hosts``) move together."""
+    one pair change nothing the other's tell. Ranks on one host (``hosts``) move together. No
+    flow crosses the boundary of a rack in ``avoid`` (members each): an uplink the pairs flag
+    carries another job's flows or a rate limit, and a flow's share of another job's queue
+    depends on flows the probe does not see, which no fixed capacity predicts."""
     answer = _canonical(racks)
     movable = sorted(movable)
     out = Design(answer=answer)
@@ -180,8 +184,13 @@ def design(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray
     out.rivals = rivals
     if not rivals:
         return out
-    src = np.array([s for s in movable for d in movable if s != d])
-    dst = np.array([d for s in movable for d in movable if s != d])
+    fenced = [set(members) for members in avoid]
+    flows = [(s, d) for s in movable for d in movable
+             if s != d and not any((s in m) != (d in m) for m in fenced)]
+    if len(flows) < 2:
+        return out
+    src = np.array([s for s, _ in flows])
+    dst = np.array([d for _, d in flows])
     distinct = ((src[:, None] != src[None, :]) & (src[:, None] != dst[None, :])
                 & (dst[:, None] != src[None, :]) & (dst[:, None] != dst[None, :]))
     upper = np.triu(distinct, k=1)

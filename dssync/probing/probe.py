@@ -219,12 +219,13 @@ def _replay(comm: Communicator, fit: RackFit, raw: list[tuple[list[list[tuple[in
 
 def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
           raw: list[tuple[list[list[tuple[int, int]]], np.ndarray]],
-          reassess: Callable[[RackFit], Any], queued: Sequence[int] = (),
+          reassess: Callable[[RackFit], Any], bandwidth_gbps: np.ndarray, queued: Sequence[int] = (),
           hosts: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Rounds of flows that tell the racks from their nearest rivals, run and judged
     (``dssync.topology.telling``) until they keep the racks, at most ``TELL_STEPS`` times:
     rank 0 designs and decides, every rank runs the rounds and adopts. Where the last step
-    still moved ranks, nothing confirmed the move: those ranks are unsure. The steps' record."""
+    still moved ranks, nothing confirmed the move: those ranks are unsure. No telling flow
+    crosses an uplink the pairs (``bandwidth_gbps``) flag. The steps' record."""
     observed = concurrent_flows(raw) if comm.rank == 0 else []
     rejected: list[tuple[int, ...]] = []
     steps: list[dict[str, Any]] = []
@@ -233,7 +234,13 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
         # blind ranks too: their flows are slow, but they still take their share of an uplink;
         # not a rank behind another job's queue at its NIC, whose rates are that job's to set
         movable = sorted({*(i for members in fit.groups for i in members), *fit.blind} - set(queued))
-        plan = design(fit.racks(), observed, movable, hosts=hosts) if comm.rank == 0 else None
+        plan = None
+        if comm.rank == 0:
+            racks = fit.racks()
+            flagged = {u["rack"] for u in classify_contention(bandwidth_gbps, racks, hosts=hosts,
+                                                              queued=queued)["uplinks"]}
+            plan = design(racks, observed, movable, hosts=hosts,
+                          avoid=[[i for i, r in enumerate(racks) if r == rack] for rack in flagged])
         rounds = comm.allgather_object(plan.rounds if plan is not None else None)[0]  # rank 0's, to all
         if not rounds:
             break
@@ -341,7 +348,7 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
         def reassess(f: RackFit) -> Any:
             return reassess_blind(f, bandwidth_gbps, latency_us, hosts)
         replay_record = _replay(comm, fit, raw, reassess, hosts)
-        telling = _tell(comm, link, cfg, fit, raw, reassess, queued_ranks(latency_us), hosts)
+        telling = _tell(comm, link, cfg, fit, raw, reassess, bandwidth_gbps, queued_ranks(latency_us), hosts)
     phase_seconds = {"pairs": round(time.time() - started_at, 3)}
     provisional = fit.racks()
     # Egress blasts, one per rack: its uplink with all of its members sending across at once

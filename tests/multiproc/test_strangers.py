@@ -72,7 +72,11 @@ def test_a_stranger_that_connects_first_gets_nothing_and_takes_no_place(kind, ca
     accept.join(timeout=30)
     assert not accept.is_alive()  # both workers in: the listener is closed
     assert sorted(served) == [0, 1]
-    out, err = stranger.communicate(timeout=60)
+    # Read the rest through the same buffered stream: the readline above may already hold the
+    # stranger's last line (on a busy host it can print both before that readline runs), and
+    # communicate() reads the raw pipe, past that buffer.
+    stranger.wait(timeout=60)
+    out, err = stranger.stdout.read(), stranger.stderr.read()
     received = int(out or -1), err
     assert received[0] == 16, received  # the challenge nonce, then the connection is closed
     with pytest.raises(OSError):
