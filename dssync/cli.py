@@ -32,6 +32,14 @@ def _terminated(signum: int, frame: object) -> None:
     raise Terminated
 
 
+def _leaving() -> None:
+    """The first SIGTERM or Ctrl-C has been handled and the program is on its way out: a
+    second one (``timeout -k``, an impatient user) ends it by the signal itself, instead of
+    raising into the interpreter's exit handlers and printing their traceback."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def raise_on_sigterm() -> None:
     """Turn SIGTERM into ``Terminated`` in this (main) thread. Python's default is to die
     at once, which leaves namespaces, qdiscs and background flows behind."""
@@ -69,9 +77,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dssync {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        _leaving()
         print(f"dssync {args.command}: interrupted", file=sys.stderr)
         return 130
     except Terminated:
+        _leaving()
         print(f"dssync {args.command}: terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -394,3 +395,25 @@ def test_train_takes_racks_from_only_where_ds_sync_probes(tmp_path):
     for args in (["--strategy", "ddp"], ["--strategy", "ds-sync", "--rack-sizes", "1,1"]):
         proc = dssync("train", "--nproc", "2", "--steps", "3", *args, "--racks-from", "hostnames:.")
         assert_one_line_error(proc, "--racks-from applies when ds-sync probes the network")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_signal_while_the_interpreter_exits_ends_it_without_a_traceback(sig):
+    """`timeout -k`, or a second Ctrl-C, may land after dssync has caught the first signal
+    and returned, while the interpreter runs its exit handlers (torch registers some): the
+    process ends by that signal, and stderr keeps the one line about the first."""
+    child = subprocess.run([sys.executable, "-c", (
+        "import atexit, os, signal, sys, time\n"
+        "from dssync import cli\n"
+        "from dssync.commands import plan\n"
+        "def second():\n"
+        f"    os.kill(os.getpid(), {int(sig)})\n"
+        "    time.sleep(2)\n"
+        "    print('survived the second signal', file=sys.stderr)\n"
+        "atexit.register(second)\n"
+        f"plan.run = lambda args: os.kill(os.getpid(), {int(sig)}) or time.sleep(5)\n"
+        "sys.exit(cli.main(['plan', '--rack-sizes', '2,2', '--out', os.devnull]))\n")],
+        capture_output=True, text=True, timeout=60)
+    word = "terminated" if sig == signal.SIGTERM else "interrupted"
+    assert child.stderr.splitlines() == [f"dssync plan: {word}"], child.stderr
+    assert child.returncode == -sig, (child.returncode, child.stderr)
