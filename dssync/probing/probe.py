@@ -228,9 +228,10 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
     crosses an uplink the pairs (``bandwidth_gbps``) flag. The steps' record."""
     observed = concurrent_flows(raw) if comm.rank == 0 else []
     rejected: list[tuple[int, ...]] = []
+    judged: list[tuple[int, ...]] = []  # rivals of the current answer its rounds told and kept it against
     steps: list[dict[str, Any]] = []
     moved: set[int] = set()
-    for _ in range(TELL_STEPS):
+    for step_no in range(TELL_STEPS):
         # blind ranks too: their flows are slow, but they still take their share of an uplink;
         # not a rank behind another job's queue at its NIC, whose rates are that job's to set
         movable = sorted({*(i for members in fit.groups for i in members), *fit.blind} - set(queued))
@@ -239,7 +240,7 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
             racks = fit.racks()
             flagged = {u["rack"] for u in classify_contention(bandwidth_gbps, racks, hosts=hosts,
                                                               queued=queued)["uplinks"]}
-            plan = design(racks, observed, movable, hosts=hosts,
+            plan = design(racks, observed, movable, hosts=hosts, skip=judged,
                           avoid=[[i for i, r in enumerate(racks) if r == rack] for rack in flagged])
         rounds = comm.allgather_object(plan.rounds if plan is not None else None)[0]  # rank 0's, to all
         if not rounds:
@@ -256,22 +257,28 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
             verdict = judge(plan, observed, measured, rejected)
             step = {"racks": list(plan.answer), "rounds": [[list(f) for f in flows] for flows in plan.rounds],
                     "gbps": [[np.round(r, 4).tolist() for r in row] for row in measured],
-                    "untold": plan.untold, **verdict.record()}
+                    "untold": plan.untold, "unrun": len(plan.unrun), **verdict.record()}
+            told = [labels for k, (labels, _) in enumerate(plan.rivals) if any(k in t for t in plan.told)]
             if verdict.racks is not None:
                 rejected.append(plan.answer)
                 moved = adopt_told(fit, verdict.racks, reassess)
+                judged = [] if moved else judged + told  # a new answer has rivals of its own
                 if not moved:  # a rival the fit cannot hold (two blind ranks in a rack of their own)
                     fit.unexplained |= moved_ranks(plan.answer, verdict.racks)
                     step["taken"] = None
             else:
                 fit.unexplained |= verdict.doubted
+                judged += told
                 moved = set()
-            decided = (fit, step, moved)
-        fit_now, step, moved = comm.allgather_object(decided)[0]
+                if step_no == TELL_STEPS - 1:  # rivals a round would have told, never run: not known
+                    for labels in plan.unrun:
+                        fit.unexplained |= moved_ranks(plan.answer, labels)
+            decided = (fit, step, moved, judged)
+        fit_now, step, moved, judged = comm.allgather_object(decided)[0]
         vars(fit).update(vars(fit_now))
         steps.append(step)
-        if step["taken"] is None:
-            break
+        if step["taken"] is None and not step["unrun"]:
+            break  # kept against every rival a round could tell (a next step tells those that found no room)
     fit.unexplained |= moved  # the last step moved them and no round confirmed it
     return steps
 
@@ -342,14 +349,19 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
     finally:
         if iperf is not None:
             iperf.close()
+    # each phase's wall seconds on this rank, start-up to the end of the pairs' passes first
+    phase_seconds = {"pairs": round(time.time() - started_at, 3)}
     replay_record = None
     telling: list[dict[str, Any]] = []
     if not known and not cfg.isolated:
         def reassess(f: RackFit) -> Any:
             return reassess_blind(f, bandwidth_gbps, latency_us, hosts)
+        mark = time.time()
         replay_record = _replay(comm, fit, raw, reassess, hosts)
+        phase_seconds["replay"] = round(time.time() - mark, 3)
+        mark = time.time()
         telling = _tell(comm, link, cfg, fit, raw, reassess, bandwidth_gbps, queued_ranks(latency_us), hosts)
-    phase_seconds = {"pairs": round(time.time() - started_at, 3)}
+        phase_seconds["telling"] = round(time.time() - mark, 3)
     provisional = fit.racks()
     # Egress blasts, one per rack: its uplink with all of its members sending across at once
     # (the paper's contended uplink only shows when a whole rack talks), and, for every rank
@@ -421,13 +433,13 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
         delays, racks = {}, provisional
     if prior_racks is not None:  # --racks-from: the measured racks checked against the prior
         racks, prior_record = weigh_prior(fit, prior_racks, prior.source, report=comm.rank == 0)
-    phase_seconds["blasts"] = round(time.time() - started_at - phase_seconds["pairs"], 3)
+    phase_seconds["blasts"] = round(time.time() - started_at - sum(phase_seconds.values()), 3)
     # Phase g blasted group g: name it by its final rack. A rack of unplaced ranks alone had none.
     for g, p in enumerate(phases):
         p["rack"] = racks[fit.groups[g][0]]
     aggregates = _aggregates(phases, racks)
     fans, fan_record = _fans(comm, link, cfg, bandwidth_gbps, hosts, racks, queued, latency_us, clear_us)
-    phase_seconds["fans"] = round(time.time() - started_at - phase_seconds["pairs"] - phase_seconds["blasts"], 3)
+    phase_seconds["fans"] = round(time.time() - started_at - sum(phase_seconds.values()), 3)
     contention: dict[str, Any] = dict(classify_contention(bandwidth_gbps, racks, aggregates, hosts=hosts, fans=fans,
                                                                 queued=queued))
     contention["uplink_aggregates"] = phases
