@@ -36,8 +36,9 @@ def _leaving() -> None:
     """The first SIGTERM or Ctrl-C has been handled and the program is on its way out: a
     second one (``timeout -k``, an impatient user) ends it by the signal itself, instead of
     raising into the interpreter's exit handlers and printing their traceback."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # one ignored by who started us stays so
+            signal.signal(sig, signal.SIG_DFL)
 
 
 def raise_on_sigterm() -> None:

@@ -413,7 +413,9 @@ def test_a_second_signal_while_the_interpreter_exits_ends_it_without_a_traceback
         "atexit.register(second)\n"
         f"plan.run = lambda args: os.kill(os.getpid(), {int(sig)}) or time.sleep(5)\n"
         "sys.exit(cli.main(['plan', '--rack-sizes', '2,2', '--out', os.devnull]))\n")],
-        capture_output=True, text=True, timeout=60)
+        capture_output=True, text=True, timeout=60,
+        # as at a terminal: a suite started in the background of a shell inherits SIGINT ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     word = "terminated" if sig == signal.SIGTERM else "interrupted"
     assert child.stderr.splitlines() == [f"dssync plan: {word}"], child.stderr
     assert child.returncode == -sig, (child.returncode, child.stderr)
