@@ -33,9 +33,8 @@ import numpy as np
 from dssync.topology.matrices import renumber_racks
 from dssync.topology.placement import RackFit
 
-__all__ = ["DOUBT", "FLOW_CAP", "MIN_GAIN", "SEARCH_SECONDS", "Replay", "adopt", "capacities", "moved_ranks", "named_racks", "concurrent_flows",
-           "cut_partitions", "max_min_rates",
-           "misfit", "replay_fit", "replay_racks"]
+__all__ = ["DOUBT", "FLOW_CAP", "MIN_GAIN", "SEARCH_SECONDS", "Replay", "adopt", "capacities", "concurrent_flows",
+           "cut_partitions", "max_min_rates", "misfit", "moved_ranks", "named_racks", "replay_fit", "replay_racks"]
 
 #: A move must lower the misfit by this much (in squared natural-log units: about six
 #: flows halved that the answer now explains) to be taken: on two busy cores a worker whose

@@ -124,10 +124,6 @@ MAX_PAIR_PASSES = 3
 TELL_STEPS = 3
 
 
-def _rack_mates(racks: list[int]) -> list[frozenset[int]]:
-    return [frozenset(j for j, r in enumerate(racks) if r == racks[i]) for i in range(len(racks))]
-
-
 def settle_racks(first: tuple[np.ndarray, np.ndarray], measure: Callable[[], tuple[np.ndarray, np.ndarray]],
                  fit: Callable[[np.ndarray, np.ndarray], RackFit], max_passes: int = MAX_PAIR_PASSES,
                  ) -> tuple[np.ndarray, np.ndarray, RackFit, int]:
@@ -151,11 +147,10 @@ def settle_racks(first: tuple[np.ndarray, np.ndarray], measure: Callable[[], tup
     while True:
         best = best_paths(*passes)
         current = fit(*best)
-        mates = _rack_mates(current.racks())
+        racks = current.racks()
         moved: set[int] = set()
         for k in range(len(passes)):
-            without = _rack_mates(fit(*best_paths(*passes[:k], *passes[k + 1:])).racks())
-            moved |= {i for i, (a, b) in enumerate(zip(mates, without, strict=True)) if a != b}
+            moved |= moved_ranks(racks, fit(*best_paths(*passes[:k], *passes[k + 1:])).racks())
         if not moved or len(passes) >= max(2, max_passes):
             break
         passes.append(measure())
@@ -228,7 +223,7 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
     crosses an uplink the pairs (``bandwidth_gbps``) flag. The steps' record."""
     observed = concurrent_flows(raw) if comm.rank == 0 else []
     rejected: list[tuple[int, ...]] = []
-    judged: list[tuple[int, ...]] = []  # rivals of the current answer its rounds told and kept it against
+    judged: list[tuple[int, ...]] = []  # rivals of the current answer its rounds told and kept it against (rank 0)
     steps: list[dict[str, Any]] = []
     moved: set[int] = set()
     for step_no in range(TELL_STEPS):
@@ -258,7 +253,7 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
             step = {"racks": list(plan.answer), "rounds": [[list(f) for f in flows] for flows in plan.rounds],
                     "gbps": [[np.round(r, 4).tolist() for r in row] for row in measured],
                     "untold": plan.untold, "unrun": len(plan.unrun), **verdict.record()}
-            told = [labels for k, (labels, _) in enumerate(plan.rivals) if any(k in t for t in plan.told)]
+            told = [plan.rivals[k][0] for k in sorted({k for ks in plan.told for k in ks})]
             if verdict.racks is not None:
                 rejected.append(plan.answer)
                 moved = adopt_told(fit, verdict.racks, reassess)
@@ -273,8 +268,8 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
                 if step_no == TELL_STEPS - 1:  # rivals a round would have told, never run: not known
                     for labels in plan.unrun:
                         fit.unexplained |= moved_ranks(plan.answer, labels)
-            decided = (fit, step, moved, judged)
-        fit_now, step, moved, judged = comm.allgather_object(decided)[0]
+            decided = (fit, step, moved)
+        fit_now, step, moved = comm.allgather_object(decided)[0]  # rank 0's; only it designs
         vars(fit).update(vars(fit_now))
         steps.append(step)
         if step["taken"] is None and not step["unrun"]:

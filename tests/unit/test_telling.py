@@ -41,7 +41,7 @@ def tell(layout: Layout, racks: list[int], seed: int, slowdown: float = 0.3,
         if verdict.racks is None:
             if not plan.unrun:
                 break
-            judged += [labels for k, (labels, _) in enumerate(plan.rivals) if any(k in t for t in plan.told)]
+            judged += [plan.rivals[k][0] for k in sorted({k for ks in plan.told for k in ks})]
             continue  # rivals that found no room in this step's rounds: the next step tells them
         rejected.append(plan.answer)
         judged = []
