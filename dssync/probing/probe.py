@@ -66,7 +66,7 @@ from dssync.topology.placement import (
 from dssync.topology.prior import RackPrior, weigh_prior
 from dssync.topology.racks import fit_racks
 from dssync.topology.replay import concurrent_flows, cut_partitions, moved_ranks, replay_fit
-from dssync.topology.telling import adopt_told, design, judge
+from dssync.topology.telling import MAX_RUNS, adopt_told, design, judge, unsteady
 
 __all__ = [
     "BACKENDS",
@@ -224,6 +224,7 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
     observed = concurrent_flows(raw) if comm.rank == 0 else []
     rejected: list[tuple[int, ...]] = []
     judged: list[tuple[int, ...]] = []  # rivals of the current answer its rounds told and kept it against (rank 0)
+    history: list[tuple[list[tuple[int, int]], np.ndarray]] = []  # every telling round run, each flow's best (rank 0)
     steps: list[dict[str, Any]] = []
     moved: set[int] = set()
     for step_no in range(TELL_STEPS):
@@ -233,25 +234,34 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
         plan = None
         if comm.rank == 0:
             racks = fit.racks()
-            flagged = {u["rack"] for u in classify_contention(bandwidth_gbps, racks, hosts=hosts,
-                                                              queued=queued)["uplinks"]}
+            flags = classify_contention(bandwidth_gbps, racks, hosts=hosts, queued=queued)
+            flagged = {u["rack"] for u in flags["uplinks"]}
             plan = design(racks, observed, movable, hosts=hosts, skip=judged,
-                          avoid=[[i for i, r in enumerate(racks) if r == rack] for rack in flagged])
+                          avoid=[[i for i, r in enumerate(racks) if r == rack] for rack in flagged],
+                          slow_nics=sorted({*(u["rank"] for u in flags["nics"]), *queued, *fit.blind}))
         rounds = comm.allgather_object(plan.rounds if plan is not None else None)[0]  # rank 0's, to all
         if not rounds:
             break
-        measured = []
-        for _repeat in range(2):
-            row = []
-            for flows in rounds:
-                rates, _ = _phase(comm, link, flows, cfg, "telling round")
-                row.append(np.array([rates.get(f, 0.0) for f in flows]))
+        measured: list[list[np.ndarray | None]] = []
+        again = list(range(len(rounds)))
+        while again:  # twice each, then again those whose best two runs disagree (rank 0 says which)
+            row: list[np.ndarray | None] = [None] * len(rounds)
+            for k in again:
+                rates, _ = _phase(comm, link, rounds[k], cfg, "telling round")
+                row[k] = np.array([rates.get(f, 0.0) for f in rounds[k]])
             measured.append(row)
+            if len(measured) >= 2:
+                again = comm.allgather_object(unsteady(measured) if comm.rank == 0 and len(measured) < MAX_RUNS
+                                              else [])[0]
         decided = None
         if comm.rank == 0:
-            verdict = judge(plan, observed, measured, rejected)
+            verdict = judge(plan, observed, measured, rejected, history)
+            for k, flows in enumerate(plan.rounds):  # what later steps' choices must explain too
+                runs = np.array([row[k] for row in measured if row[k] is not None])
+                if (runs > 0).all():
+                    history.append((flows, runs.max(axis=0)))
             step = {"racks": list(plan.answer), "rounds": [[list(f) for f in flows] for flows in plan.rounds],
-                    "gbps": [[np.round(r, 4).tolist() for r in row] for row in measured],
+                    "gbps": [[None if r is None else np.round(r, 4).tolist() for r in row] for row in measured],
                     "untold": plan.untold, "unrun": len(plan.unrun), **verdict.record()}
             told = [plan.rivals[k][0] for k in sorted({k for ks in plan.told for k in ks})]
             if verdict.racks is not None:
