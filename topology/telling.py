@@ -95,26 +95,25 @@ def _caps(labels: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray
     return {k: cap(k[0], k[1], v) for k, v in capacities(named_racks(labels), observed).items() if k != ("cpu",)}
 
 
-def nic_floor(observed: Sequence[tuple[list[Flow], np.ndarray]]) -> float:
-    """A typical NIC's capacity: the median over the NICs of the most each was seen to carry
-    at once, each way (a NIC's links are the same under every answer).
+def nic_floor(observed: Sequence[tuple[list[Flow], np.ndarray]], labels: Sequence[int]) -> float:
+    """A typical NIC's capacity: the fastest NIC seen, the most any NIC carried at once
+    either way in ``observed`` (``labels`` only name the links: a NIC's are the same under
+    every answer).
 
     The most a NIC was seen to carry is a lower bound, and a low one where its flows always
     shared something else: in 2,2 with rank 0 behind a 200 Mbit/s NIC, rank 1 never took in
-    more than 0.75 Gbit/s in the pairs' rounds (it always received beside rank 0's flow out
+    more than 0.77 Gbit/s in the pairs' rounds (it always received beside rank 0's flow out
     of their rack), and an answer that put rank 1 with the other rack explained that by a
     slow NIC as well as the network built explained it by their shared uplink. A NIC the
-    contention rules do not call slow is taken to be as fast as a typical one, so that the
+    contention rules do not call slow is taken to be as fast as the fastest, so that the
     racks, not a NIC nobody flagged, explain what the rounds measure."""
-    seen: dict[tuple[str, int], float] = {}
-    for flows, rates in observed:
-        carried: dict[tuple[str, int], float] = {}
-        for (s, d), r in zip(flows, rates, strict=True):
-            for nic in (("out", s), ("in", d)):
-                carried[nic] = carried.get(nic, 0.0) + float(r)
-        for nic, total in carried.items():
-            seen[nic] = max(seen.get(nic, 0.0), total)
-    return max(seen.values(), default=0.0)
+    caps = capacities(named_racks(labels), observed)
+    return max((v for (kind, *_), v in caps.items() if kind in ("out", "in")), default=0.0)
+
+
+def _walls(labels: Sequence[int], fenced: Sequence[set[int]]) -> list[set[int]]:
+    """Each fenced rack as ``labels`` have it: the members of every rack that holds one of its ranks."""
+    return [{i for i, r in enumerate(labels) if r in {labels[j] for j in m}} for m in fenced]
 
 
 def uplink_ceiling(answer: Sequence[int], rival: Sequence[int],
@@ -246,7 +245,7 @@ def design(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray
     if not rivals:
         return out
     fenced = [set(members) for members in avoid]
-    walls = [{i for i, r in enumerate(answer) if r in {answer[j] for j in m}} for m in fenced]
+    walls = _walls(answer, fenced)
     flows = [(s, d) for s in movable for d in movable
              if s != d and not any((s in m) != (d in m) for m in walls)]
     if len(flows) < 2:
@@ -256,10 +255,10 @@ def design(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray
     distinct = ((src[:, None] != src[None, :]) & (src[:, None] != dst[None, :])
                 & (dst[:, None] != src[None, :]) & (dst[:, None] != dst[None, :]))
     upper = np.triu(distinct, k=1)
-    floor = out.floor = 0.0 if slow_nics is None else nic_floor(observed)
+    if slow_nics is not None:
+        out.slow_nics, out.floor = tuple(slow_nics), nic_floor(observed, answer)
+    floor, slow = out.floor, out.slow_nics or ()
     out.ceilings = [uplink_ceiling(answer, labels, observed, None if slow_nics is None else floor) for labels, _ in rivals]
-    slow = () if slow_nics is None else tuple(slow_nics)
-    out.slow_nics = None if slow_nics is None else slow
     caps_a = out.answer_caps = {c: _caps(answer, observed, c, floor, slow) for c in set(out.ceilings)}
     base = {c: np.log(np.maximum(_pair_rates(answer, caps_a[c], src, dst), 1e-6)) for c in caps_a}
     threshold = math.log(ratio)
@@ -270,7 +269,7 @@ def design(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray
         caps_of.append(_caps(labels, observed, c, floor, slow))
         diff = np.abs(base[c] - np.log(np.maximum(_pair_rates(labels, caps_of[-1], src, dst), 1e-6)))
         strength = np.maximum(diff, diff.T)
-        inside = [{i for i, r in enumerate(labels) if r in {labels[j] for j in m}} for m in fenced]
+        inside = _walls(labels, fenced)
         leaves = np.array([any((s in m) != (d in m) for m in inside) for s, d in flows], dtype=bool)
         crossing.append({f for f, out_ in zip(flows, leaves, strict=True) if out_})
         usable = ~leaves[:, None] & ~leaves[None, :]
@@ -338,6 +337,8 @@ class Verdict:
     racks: tuple[int, ...] | None
     doubted: set[int]
     scores: list[dict[str, Any]]
+    #: the rounds whose every flow got something, each flow at its best run: a later step's ``history``
+    ran: list[tuple[list[Flow], np.ndarray]] = field(default_factory=list)
 
     def record(self) -> dict[str, Any]:
         return {"taken": None if self.racks is None else list(self.racks), "doubted": sorted(self.doubted),
@@ -363,22 +364,24 @@ def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
     rejected = {_canonical(r) for r in rejected}
     scores, doubted = [], set()
     best: tuple[float, int, float, tuple[int, ...]] | None = None
-    ran_here = [(flows, _runs(measured, k).max(axis=0)) for k, flows in enumerate(plan.rounds)
-                if len(_runs(measured, k)) and (_runs(measured, k) > 0).all()]
-    evidence = [*history, *ran_here]
+    runs_of = [_runs(measured, k) for k in range(len(plan.rounds))]
+    best_runs = [(flows, runs.max(axis=0)) for flows, runs in zip(plan.rounds, runs_of, strict=True) if len(runs)]
+    ran = [(flows, rates) for flows, rates in best_runs if (rates > 0).all()]
+    evidence = [*history, *ran]
     memo: dict[Any, float] = {}
     recap = None
     if plan.slow_nics is not None:  # the rounds' own flows show what a NIC carries, too
-        ran = [(flows, _runs(measured, k).max(axis=0)) for k, flows in enumerate(plan.rounds)]
-        floor = max(plan.floor, nic_floor(ran))
+        floor = max(plan.floor, nic_floor(best_runs, plan.answer))
         if floor > plan.floor:
             recap = floor
+    recapped: dict[float, dict[Any, float]] = {}  # the answer's, by ceiling, where the rounds raised the floor
     for r, ((labels, what), ceiling) in enumerate(zip(plan.rivals, plan.ceilings, strict=True)):
         caps_a, caps_r = plan.answer_caps[ceiling], plan.rival_caps[r]
         if recap is not None:
             top = max(ceiling, recap)
-            caps_a = _caps(plan.answer, observed, top, recap, plan.slow_nics)
-            caps_r = _caps(labels, observed, top, recap, plan.slow_nics)
+            if ceiling not in recapped:
+                recapped[ceiling] = _caps(plan.answer, observed, top, recap, plan.slow_nics)
+            caps_a, caps_r = recapped[ceiling], _caps(labels, observed, top, recap, plan.slow_nics)
         zs: list[float | None] = []
         for k, flows in enumerate(plan.rounds):
             if r not in plan.told[k]:
@@ -386,7 +389,7 @@ def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
             pa, pr = np.log(np.maximum(predict(plan.answer, caps_a, flows), 1e-6)), \
                 np.log(np.maximum(predict(labels, caps_r, flows), 1e-6))
             norm = float(((pa - pr) ** 2).sum())
-            runs = _runs(measured, k)
+            runs = runs_of[k]
             if norm == 0 or not (runs > 0).all():
                 continue
             runs = np.sort(np.log(runs), axis=0)
@@ -410,8 +413,8 @@ def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
         if float(np.mean(clean)) > DOUBT_Z:
             doubted |= moved_ranks(plan.answer, labels)
     if best is not None:
-        return Verdict(racks=best[3], doubted=set(), scores=scores)
-    return Verdict(racks=None, doubted=doubted, scores=scores)
+        return Verdict(racks=best[3], doubted=set(), scores=scores, ran=ran)
+    return Verdict(racks=None, doubted=doubted, scores=scores, ran=ran)
 
 
 def adopt_told(fit: RackFit, racks: Sequence[int], reassess: Any = None) -> set[int]:

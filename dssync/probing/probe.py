@@ -256,10 +256,7 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
         decided = None
         if comm.rank == 0:
             verdict = judge(plan, observed, measured, rejected, history)
-            for k, flows in enumerate(plan.rounds):  # what later steps' choices must explain too
-                runs = np.array([row[k] for row in measured if row[k] is not None])
-                if (runs > 0).all():
-                    history.append((flows, runs.max(axis=0)))
+            history += verdict.ran  # what later steps' choices must explain too
             step = {"racks": list(plan.answer), "rounds": [[list(f) for f in flows] for flows in plan.rounds],
                     "gbps": [[None if r is None else np.round(r, 4).tolist() for r in row] for row in measured],
                     "untold": plan.untold, "unrun": len(plan.unrun), **verdict.record()}

@@ -52,8 +52,7 @@ def tell(layout: Layout, racks: list[int], seed: int, slowdown: float = 0.3,
         while len(runs) < MAX_RUNS and (again := unsteady(runs)):
             runs.append([run(flows) if k in again else None for k, flows in enumerate(plan.rounds)])
         verdict = judge(plan, observed, runs, rejected, history)
-        history += [(flows, np.max([r[k] for r in runs if r[k] is not None], axis=0))
-                    for k, flows in enumerate(plan.rounds)]
+        history += verdict.ran
         verdicts.append(verdict)
         doubted |= verdict.doubted
         if verdict.racks is None:
