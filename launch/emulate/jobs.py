@@ -43,6 +43,11 @@ def _run_launcher(c, launcher: str, command: Sequence[str], timeout_s: float | N
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            # which worker the job waited on: what each still runs (no rank at all: the
+            # launcher never started it there)
+            out.write(f"[emulate] {launcher} did not finish within {timeout_s:g} s; killing it and every rank. "
+                      f"Still running: {_still_running(c)}\n")
+            out.flush()
             return 124
         finally:
             if proc.poll() is None:
@@ -54,16 +59,35 @@ def _run_launcher(c, launcher: str, command: Sequence[str], timeout_s: float | N
     return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
 
 
-def _kill_ranks(c) -> None:
-    """Ranks a launcher started in the workers' namespaces and left behind (a launcher
-    killed at the timeout cannot reap them): anything but background flows' processes."""
+def _job_pids(c) -> dict[int, list[int]]:
+    """The processes in each worker's namespace that belong to the job: anything but the
+    background flows' processes."""
     keep = {pid for f in c.flows for pid in f.get("pids", [])}
+    out = {}
     for rank in range(c.world_size):
         pids = subprocess.run(["ip", "netns", "pids", c.worker_ns(rank)], capture_output=True, text=True).stdout
-        for pid in pids.split():
-            if int(pid) not in keep:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGKILL)
+        out[rank] = [int(pid) for pid in pids.split() if int(pid) not in keep]
+    return out
+
+
+def _still_running(c) -> str:
+    """What each worker still runs of the job (``w0: orted, dssync``), for the timeout's message."""
+    def comm(pid: int) -> str:
+        with contextlib.suppress(OSError):
+            return Path(f"/proc/{pid}/comm").read_text().strip()
+        return ""
+
+    running = {rank: sorted({comm(pid) for pid in pids} - {""}) for rank, pids in _job_pids(c).items()}
+    return "; ".join(f"w{rank}: {', '.join(names)}" for rank, names in running.items() if names) or "nothing"
+
+
+def _kill_ranks(c) -> None:
+    """Ranks a launcher started in the workers' namespaces and left behind (a launcher
+    killed at the timeout cannot reap them)."""
+    for pids in _job_pids(c).values():
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def run_dssync(name: str, args: Sequence[str], out: Path, *, timeout_s: float,
@@ -177,6 +201,7 @@ def run(command: Sequence[str], *, name: str = DEFAULT_NAME, timeout_s: float | 
                 break
             time.sleep(0.1)
     finally:
+        still = [rank for rank, p in enumerate(procs) if p.poll() is None]
         for p in procs:
             if p.poll() is None:
                 try:
@@ -188,6 +213,8 @@ def run(command: Sequence[str], *, name: str = DEFAULT_NAME, timeout_s: float | 
         for t in threads:
             t.join(timeout=5)
     if timed_out:
+        write(f"[emulate] the job did not finish within {timeout_s:g} s; killed the workers still running: "
+              f"{', '.join(f'w{r}' for r in still) or 'none'}\n")
         return 124
     if gave_up:  # the first failure is the job's, not the kills that followed it
         return first if first >= 0 else 128 - first
