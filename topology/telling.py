@@ -146,6 +146,29 @@ def uplink_ceiling(answer: Sequence[int], rival: Sequence[int],
     return max([*seen, float(np.median(nics))]) if nics else math.inf
 
 
+def _raised(labels: Sequence[int], caps: dict[Any, float], carried: Sequence[tuple[list[Flow], np.ndarray]],
+            ceiling: float) -> dict[Any, float]:
+    """``caps`` (under ``labels``) with each link at least what ``carried`` (flows, each
+    with its rate) put on it, an uplink no more than ``ceiling``. The rate a flow got is a
+    lower bound on every link of its path, under every answer; a capacity the pairs read off
+    a link they never filled is not an upper one: on 2,1,2 with rack 0 behind a 400 Mbit/s
+    uplink, every pairs' round put a 0.4 Gbit/s flow into the rack of two beside rank 2's,
+    which read rank 2's uplink at 0.56, and a round's lone flow across it at 1.0 was taken
+    as a sign that rank 2 shares the rack of two (predicted 0.93) rather than as the
+    uplink's own rate.
+
+    One flow's rate, not the sum of a round's flows on the link: the sum is a lower bound
+    too, but one fitted to the round being judged, and it lets any answer that puts a
+    round's slow flows on one link explain them as that link's fair shares (replayed on the
+    v13 records, a 5,1 whose rank 1 shares its NIC with another job moved rank 1 to rank
+    5's rack that way). A link the pairs never saw stays unbounded."""
+    raised = dict(caps)
+    for link, v in capacities(named_racks(labels), carried).items():
+        if link in raised:
+            raised[link] = max(raised[link], min(v, ceiling) if link[0] in ("up", "down") else v)
+    return raised
+
+
 def predict(labels: Sequence[int], caps: dict[Any, float], flows: Sequence[Flow]) -> np.ndarray:
     """Max-min fair rates of ``flows`` run at once under ``labels`` and ``caps`` (a link
     never seen carrying anything limits nothing)."""
@@ -351,7 +374,8 @@ def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
     """The verdict of ``measured`` (per repeat, per round of ``plan``, each flow's Gbit/s;
     a flow that got nothing is left out; None for a round a repeat did not run again) on the
     answer against each rival its rounds tell (module docstring). Predictions use the
-    capacities ``plan`` read off the pairs phase. Of the rivals preferred, the one whose
+    capacities ``plan`` read off the pairs phase, each link raised to what any telling
+    flow run so far got across it (``_raised``). Of the rivals preferred, the one whose
     predictions lie nearest every telling round run so far (this step's, and ``history``:
     earlier steps' rounds with each flow's best rate) is taken; of those alike, the one with
     the fewest racks (a boundary is written where a flow showed it), and then the one the
@@ -374,14 +398,18 @@ def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
         floor = max(plan.floor, nic_floor(best_runs, plan.answer))
         if floor > plan.floor:
             recap = floor
-    recapped: dict[float, dict[Any, float]] = {}  # the answer's, by ceiling, where the rounds raised the floor
+    # each flow a telling round ran: a lower bound on every link of its path
+    carried = [([flow], rates[k:k + 1]) for flows, rates in [*history, *best_runs] for k, flow in enumerate(flows)]
+    recapped: dict[float, dict[Any, float]] = {}  # the answer's, by ceiling
     for r, ((labels, what), ceiling) in enumerate(zip(plan.rivals, plan.ceilings, strict=True)):
         caps_a, caps_r = plan.answer_caps[ceiling], plan.rival_caps[r]
+        top = ceiling if recap is None else max(ceiling, recap)
         if recap is not None:
-            top = max(ceiling, recap)
-            if ceiling not in recapped:
-                recapped[ceiling] = _caps(plan.answer, observed, top, recap, plan.slow_nics)
-            caps_a, caps_r = recapped[ceiling], _caps(labels, observed, top, recap, plan.slow_nics)
+            caps_r = _caps(labels, observed, top, recap, plan.slow_nics)
+        if ceiling not in recapped:
+            recapped[ceiling] = _raised(plan.answer, caps_a if recap is None else
+                                        _caps(plan.answer, observed, top, recap, plan.slow_nics), carried, top)
+        caps_a, caps_r = recapped[ceiling], _raised(labels, caps_r, carried, top)
         zs: list[float | None] = []
         for k, flows in enumerate(plan.rounds):
             if r not in plan.told[k]:

@@ -286,17 +286,32 @@ def test_of_the_rivals_every_round_agrees_with_the_fewest_racks_are_taken():
         assert right(layout, racks), (seed, racks)
 
 
-@pytest.mark.xfail(strict=True, reason="known: an uplink the pairs never saw used up is read at the most it carried "
-                   "(see dssync.topology.telling)")
 def test_a_rack_of_one_whose_uplink_the_pairs_never_filled_keeps_its_racks():
     # 2,1,2 with rack 0 behind a 400 Mbit/s uplink and worker 4 behind a 400 Mbit/s NIC: in
     # every round of the pairs worker 2's flow into the rack of two ran beside a 0.4 Gbit/s
     # flow into it, so rank 2's uplink reads 0.56. A round with 2->3 alone across it gets 1.0,
     # which the racks that were built predict at 0.56 and the merge of 2 into the rack of two
-    # at 0.93: the rounds take the merge, on runs with no noise at all. (A rate a round
-    # measured is a lower bound on every link of its path under each answer; the capacities
-    # could take it, below the ceiling.)
+    # at 0.93: the rounds took the merge, on runs with no noise at all, until a rate a round
+    # measured was taken as a lower bound on every link of its path, under each answer
+    # (below the ceiling, ``telling._raised``).
     layout = Layout((2, 1, 2), slow_uplinks={0: "400mbit"}, slow_nics={4: "400mbit"})
     assert mispredicted(layout, 61310)
     racks, _, _ = tell(layout, list(layout.racks), seed=61310, slowdown=0.0)
     assert right(layout, racks), racks
+
+
+def test_a_flow_a_round_ran_bounds_each_link_of_its_path_from_below_and_a_rounds_sum_does_not():
+    from dssync.topology.telling import _raised
+
+    caps = {("out", 0): 0.3, ("in", 2): 1.0, ("up", (0, 1)): 0.3, ("down", (2, 3)): 1.0, ("out", 1): 1.0,
+            ("in", 3): 1.0}
+    labels = [0, 0, 1, 1]
+    # two flows of 0.25 out of rack (0, 1) at once: each is below what its links were read at
+    # (their 0.5 together on the uplink is no bound: the round would fit it to itself)
+    shared = _raised(labels, caps, [([(0, 2)], np.array([0.25])), ([(1, 3)], np.array([0.25]))], ceiling=0.8)
+    assert shared == caps
+    # one flow of 0.9 from 0 to 2: its NIC to 0.9, the uplink to the ceiling, no link added
+    alone = _raised(labels, caps, [([(0, 2)], np.array([0.9]))], ceiling=0.8)
+    assert alone == {**caps, ("out", 0): 0.9, ("up", (0, 1)): 0.8}
+    # a link no capacity was read for (rank 3's NIC out) stays unbounded
+    assert ("out", 3) not in _raised(labels, caps, [([(3, 0)], np.array([0.9]))], ceiling=0.8)
