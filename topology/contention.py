@@ -181,8 +181,10 @@ def classify_contention(
     0.2 to 0.5 Gbit/s); there the aggregates agree (0.91 and 0.92) and nothing is flagged. With
     ``hosts``, a rack that shares a host with another rack is not judged (its cross-rack
     flows need not leave the machine). Racks slowed alike: where no rack stands out and
-    every rack's aggregate is below ``slow_ratio`` of one NIC (or of its clear members'
-    NICs, if less), every uplink is flagged: between two racks one uplink rate-limited both
+    every rack's aggregate is below ``slow_ratio`` of what one NIC sends (or its clear
+    members' NICs, if less; a NIC's way out, since an aggregate is a rack's egress and a
+    NIC's way in can be held back by the uplinks its peers send through), every uplink is
+    flagged: between two racks one uplink rate-limited both
     ways slows every cross flow whichever rack's it is, so flagging both is the same network,
     and flagging neither would call a slow network clear. ``unsure_flags`` says which flags
     are too close to call.
@@ -235,6 +237,7 @@ def _judge(bandwidth_gbps: Any, racks: Sequence[int], uplink_gbps_by_rack: Seque
     np.fill_diagonal(off, 0.0)
     best = _nic_estimates(bw, hosts, queued, racks)
     nic_gbps = {i: min(pair) for i, pair in best.items()}
+    sends = {i: out for i, (out, _) in best.items()}  # what each NIC sent at least
     slow_nics = slow_keys(nic_gbps, slow_ratio) if len(nic_gbps) > 2 else []
     # a fan in every slow direction carried what the paths allow: not the NIC
     fan_cleared = {i for i, directions in (fans or {}).items()
@@ -249,6 +252,7 @@ def _judge(bandwidth_gbps: Any, racks: Sequence[int], uplink_gbps_by_rack: Seque
             out, into = best[i]
             fanned = {d: float(sum(rates.values())) for d, rates in fans[i].items()}
             nic_gbps[i] = min(max(out, fanned.get("out", 0.0)), max(into, fanned.get("in", 0.0)))
+            sends[i] = max(out, fanned.get("out", 0.0))
 
     members = {r: [i for i in range(n) if racks[i] == r] for r in rack_ids}
     clear = [i for i in range(n) if i not in slow_nics]
@@ -275,7 +279,12 @@ def _judge(bandwidth_gbps: Any, racks: Sequence[int], uplink_gbps_by_rack: Seque
         shared = set().union(*(rs for rs in host_racks.values() if len(rs) > 1))
         uplink = {r: v for r, v in uplink.items() if r not in shared}
     slow_uplinks = slow_keys(uplink, slow_ratio) if len(uplink) > 1 else []
-    nic_level = {r: float(np.median([nic_gbps[i] for i in members[r] if i in clear and i in nic_gbps]
+    # An uplink's figures are its rack's egress, so the NICs they are held against are what
+    # the members' NICs send: a NIC's worse direction may be its way in, held back by the
+    # uplinks its peers send through (on 2,2 with rack 0 behind a 400 Mbit/s uplink, rank 1
+    # took in 0.3 Gbit/s at best, 0.5 from a fan, and sent 0.9 to its rack-mate, and its
+    # rack's 0.41 Gbit/s blast looked like most of what its NIC carried).
+    nic_level = {r: float(np.median([sends[i] for i in members[r] if i in clear and i in sends]
                                     or [np.nan])) for r in uplink}
     aggregate: dict[int, float] = {}
     if uplink_gbps_by_rack is not None and len(uplink) > 1:
@@ -285,11 +294,11 @@ def _judge(bandwidth_gbps: Any, racks: Sequence[int], uplink_gbps_by_rack: Seque
         held_back = {r for r in uplink if uplink[r] < slow_ratio * nic_level[r]}
         aggregate = {r: float(uplink_gbps_by_rack[r]) for r in uplink if np.isfinite(uplink_gbps_by_rack[r])}
         slow_uplinks = sorted(set(slow_uplinks) | (held_back & set(slow_keys(aggregate, slow_ratio))))
-    # Each rack's aggregate against what one NIC carries (or its clear members' NICs, if
+    # Each rack's aggregate against what one NIC sends (or its clear members' NICs, if
     # less): an uplink as fast as a NIC carries at least that when its rack sends at once.
-    one_nic = float(np.median(list(nic_gbps.values()))) if nic_gbps else float("nan")
-    absolute = {r: a / min(one_nic, sum(nic_gbps.get(i, 0.0) for i in members[r] if i in clear))
-                for r, a in aggregate.items() if any(i in clear and i in nic_gbps for i in members[r])}
+    one_nic = float(np.median(list(sends.values()))) if sends else float("nan")
+    absolute = {r: a / min(one_nic, sum(sends.get(i, 0.0) for i in members[r] if i in clear))
+                for r, a in aggregate.items() if any(i in clear and i in sends for i in members[r])}
     # Every rack slow alike: none stands out from the others, yet each carried less than
     # 0.6 of a NIC. Where one link slows every cross flow (an uplink rate-limited both ways
     # between two racks), the racks cannot tell whose it is, and flagging all of them is

@@ -661,6 +661,32 @@ def test_a_fan_cleared_nic_counts_what_its_fan_carried():
     assert set(unsure_flags(bw, racks, aggregates, fans=fans)["uplinks"]) >= {u["rack"] for u in found["uplinks"]}
 
 
+def test_an_uplink_is_held_against_what_its_racks_nics_send():
+    """Recorded (`bench probe-layouts --seed 1`, 2,2 with rack 0's uplink at 400 Mbit/s and
+    another job's two streams out of rank 0's NIC): rank 1 took in 0.29 Gbit/s at best (its
+    peers send through the slow uplink or the busy NIC) and its fan-in 0.52 at once, but it
+    sent 0.91 to its rack-mate. Held against 0.52, rack 0's 0.41 Gbit/s blast looked like
+    most of what its NICs carry and no uplink was flagged, in three runs of that layout; held
+    against what rank 1's NIC sends, both racks carried under 0.6 of a NIC alike, and between
+    two racks flagging both is the same network as the one slow uplink built. The oracle is
+    the same-network rule."""
+    from dssync.bench.probe_layouts import Layout
+    from dssync.bench.same_network import Answer, same_network
+
+    racks = [0, 0, 1, 1]
+    bw = np.array([[0, 0.168, 0.13, 0.062], [0.911, 0, 0.354, 0.292], [0.14, 0.294, 0, 0.958],
+                   [0.182, 0.255, 0.954, 0]])
+    aggregates = [0.4128, 0.3956]
+    fans = {1: {"in": {0: 0.17, 2: 0.18, 3: 0.17}}}
+    found = classify_contention(bw, racks, aggregates, fans=fans)
+    assert [n["rank"] for n in found["nics"]] == [0], found
+    answer = Answer(tuple(racks), {u["rack"]: None for u in found["uplinks"]}, {n["rank"]: None for n in found["nics"]})
+    layout = Layout.from_spec({"rack_sizes": [2, 2], "slow_uplinks": {"0": "400mbit"}, "nic_flows": [0]})
+    assert same_network(layout, answer), found
+    # and the same answer without the uplink flags is not
+    assert not same_network(layout, Answer(tuple(racks), {}, {0: None}))
+
+
 def test_a_nic_flag_whose_fan_nearly_cleared_it_is_unsure():
     """Recorded (`bench probe-layouts --seed 0`, 1,4,2 with rack 1's uplink at 150 Mbit/s and
     another job leaving rack 2): rank 0 alone, its NIC clear, every path of it behind a slow
