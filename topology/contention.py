@@ -338,7 +338,9 @@ def unsure_flags(bandwidth_gbps: Any, racks: Sequence[int], uplink_gbps_by_rack:
     either it is slow, or every rack it sent to is. Racks flagged together as slow alike
     (``classify_contention``), or nearly so, are sure only when each rack's aggregate is
     above ``1 / UNSURE_FACTOR`` times ``slow_ratio`` of the others' and under
-    ``UNSURE_FACTOR`` times ``slow_ratio`` of a NIC. A NIC a fan cleared is sure."""
+    ``UNSURE_FACTOR`` times ``slow_ratio`` of a NIC. A NIC a fan cleared is sure; a flagged
+    NIC with rack-mates, none of them clear, and no fan run is not (every flow of it crosses
+    a mate's slow NIC or its uplink)."""
     j = _judge(bandwidth_gbps, racks, uplink_gbps_by_rack, **kwargs)
     s = j.slow_ratio
     low, high = UNSURE_FACTOR * s, s / UNSURE_FACTOR
@@ -356,6 +358,15 @@ def unsure_flags(bandwidth_gbps: Any, racks: Sequence[int], uplink_gbps_by_rack:
     for i in j.slow_nics:
         fractions = [fan_fraction(bandwidth_gbps, racks, i, d, rates) for d, rates in fans.get(i, {}).items()]
         if any(f is not None and UNSURE_FACTOR * FAN_RATIO <= f < FAN_RATIO for f in fractions):
+            nics = sorted({*nics, i})
+    # A flagged NIC none of whose rack-mates is clear, with no fan run: its pairs cannot tell
+    # it from its mates' NICs and its uplink, since every flow of it crosses one of them (on
+    # 5,2 with rack 1 behind a busy 200 Mbit/s uplink and rank 6 behind a 250 Mbit/s NIC,
+    # rank 5's flows got 0.24 Gbit/s at best, all with rank 6, and its fan was not run for
+    # the uplink's queue: its clear NIC was flagged, confidently, and the uplink was not).
+    for i in j.slow_nics:
+        mates = [k for k in j.members.get(racks[i], []) if k != i]
+        if mates and all(k in j.slow_nics for k in mates) and i not in fans:
             nics = sorted({*nics, i})
     pairwise, aggregate = _ratios(j.uplink), _ratios(j.aggregate)
     if j.alike or (j.absolute and set(j.absolute) == set(j.uplink) and all(v < high for v in j.absolute.values())

@@ -687,6 +687,34 @@ def test_an_uplink_is_held_against_what_its_racks_nics_send():
     assert not same_network(layout, Answer(tuple(racks), {}, {0: None}))
 
 
+def test_a_nic_flag_with_no_clear_rack_mate_and_no_fan_is_unsure():
+    """Recorded (`bench probe-layouts --seed 0`, v16: 5,2 with rack 1 behind a 200 Mbit/s
+    uplink that another job's flows load, ranks 0 and 6 behind 250 Mbit/s NICs): rank 5's
+    best flows, 0.24 Gbit/s, were all with rank 6, the rest crossed the busy uplink, and its
+    fan was not run (its pings waited in the uplink's queue). Its clear NIC was flagged and
+    the uplink was not, and the answer was marked confident: a network that is not the one
+    built (the oracle is the same-network rule), which the probe cannot tell from its pairs."""
+    from dssync.bench.probe_layouts import Layout
+    from dssync.bench.same_network import Answer, same_network
+
+    racks = [0, 0, 0, 0, 0, 1, 1]
+    bw = np.array([[0, 0.24, 0.239, 0.239, 0.239, 0.085, 0.157], [0.238, 0, 0.956, 0.957, 0.925, 0.159, 0.159],
+                   [0.238, 0.956, 0, 0.918, 0.948, 0.091, 0.09], [0.238, 0.956, 0.947, 0, 0.956, 0.094, 0.156],
+                   [0.239, 0.956, 0.956, 0.958, 0, 0.091, 0.096], [0.044, 0.061, 0.033, 0.07, 0.044, 0, 0.24],
+                   [0.056, 0.051, 0.058, 0.06, 0.054, 0.239, 0]])
+    aggregates = [0.1984, 0.1226]
+    fans = {0: {"in": {1: 0.05, 2: 0.05, 3: 0.05, 4: 0.05, 5: 0.03, 6: 0.02}}}
+    found = classify_contention(bw, racks, aggregates, fans=fans)
+    assert [n["rank"] for n in found["nics"]] == [0, 5, 6] and found["uplinks"] == [], found
+    layout = Layout.from_spec({"rack_sizes": [5, 2], "slow_uplinks": {"1": "200mbit"},
+                               "slow_nics": {"0": "250mbit", "6": "250mbit"}, "uplink_flows": [1]})
+    answer = Answer(tuple(racks), {}, {n["rank"]: n["bandwidth_gbps"] for n in found["nics"]})
+    assert not same_network(layout, answer)
+    assert {5, 6} <= set(unsure_flags(bw, racks, aggregates, fans=fans)["nics"])
+    # rank 0's flag stands on its clear rack-mates' flows (0.24 with each, 0.96 among them)
+    assert 0 not in unsure_flags(bw, racks, aggregates, fans=fans)["nics"]
+
+
 def test_a_nic_flag_whose_fan_nearly_cleared_it_is_unsure():
     """Recorded (`bench probe-layouts --seed 0`, 1,4,2 with rack 1's uplink at 150 Mbit/s and
     another job leaving rack 2): rank 0 alone, its NIC clear, every path of it behind a slow
