@@ -455,10 +455,13 @@ def adopt_told(fit: RackFit, racks: Sequence[int], reassess: Any = None) -> set[
     clear = sorted(i for members in fit.groups for i in members)
     if moved_ranks([before[i] for i in clear], [racks[i] for i in clear]):
         adopt(fit, racks, clear, "told", reassess)
+    # the groups as adopted: ``reassess`` takes blind ranks (those the pairs put in racks of
+    # blind ranks only) out of them
+    group_of = {i: g for g, members in enumerate(fit.groups) for i in members}
     for j in fit.blind:
-        with_clear = [i for i in clear if racks[i] == racks[j]]
+        with_clear = [i for i in clear if i in group_of and racks[i] == racks[j]]
         if with_clear:
-            fit.placed[j] = next(g for g, members in enumerate(fit.groups) if with_clear[0] in members)
+            fit.placed[j] = group_of[with_clear[0]]
         elif list(racks).count(racks[j]) == 1 and before.count(before[j]) > 1:
             fit.placed[j] = None
         else:

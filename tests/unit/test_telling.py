@@ -315,3 +315,22 @@ def test_a_flow_a_round_ran_bounds_each_link_of_its_path_from_below_and_a_rounds
     assert alone == {**caps, ("out", 0): 0.9, ("up", (0, 1)): 0.8}
     # a link no capacity was read for (rank 3's NIC out) stays unbounded
     assert ("out", 3) not in _raised(labels, caps, [([(3, 0)], np.array([0.9]))], ceiling=0.8)
+
+
+def test_a_rival_that_keeps_two_blind_ranks_together_apart_from_every_clear_rank_is_adopted():
+    # the pairs put blind ranks 3 and 4 in a rack of their own; the rival also moves clear
+    # rank 2 out of the rack of three, so it is adopted, and reassessing the blind ranks takes
+    # them out of the groups: they are then with no clear rank, and stay as reassessed (a
+    # v17 probe-layouts sweep stopped on a StopIteration here)
+    from dssync.topology.placement import RackFit
+    from dssync.topology.telling import adopt_told
+
+    def reassess(fit):  # what placement.reassess_blind does first: blind ranks out of the groups
+        fit.groups = [g for g in ([i for i in members if i not in fit.blind] for members in fit.groups) if g]
+        for j in fit.blind:
+            fit.placed.pop(j, None)
+
+    fit = RackFit(n=5, groups=[[0, 1, 2], [3, 4]], blind=[3, 4], placed={3: 1, 4: 1})
+    moved = adopt_told(fit, [0, 0, 1, 2, 2], reassess)
+    assert fit.groups == [[0, 1], [2]] and 3 not in fit.placed and 4 not in fit.placed
+    assert moved >= {2}
