@@ -169,6 +169,17 @@ def _raised(labels: Sequence[int], caps: dict[Any, float], carried: Sequence[tup
     return raised
 
 
+def _judged_caps(plan: Design, labels: Sequence[int], read: dict[Any, float],
+                 observed: Sequence[tuple[list[Flow], np.ndarray]], recap: float | None, top: float,
+                 carried: Sequence[tuple[list[Flow], np.ndarray]]) -> dict[Any, float]:
+    """The capacities ``judge`` predicts ``labels`` with: those ``plan`` read (``read``), read
+    again with the rounds' NIC floor where it rose (``recap``, uplinks then at most ``top``),
+    and raised to what the telling flows got (``_raised``)."""
+    if recap is not None:
+        read = _caps(labels, observed, top, recap, plan.slow_nics)
+    return _raised(labels, read, carried, top)
+
+
 def predict(labels: Sequence[int], caps: dict[Any, float], flows: Sequence[Flow]) -> np.ndarray:
     """Max-min fair rates of ``flows`` run at once under ``labels`` and ``caps`` (a link
     never seen carrying anything limits nothing)."""
@@ -400,16 +411,15 @@ def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
             recap = floor
     # each flow a telling round ran: a lower bound on every link of its path
     carried = [([flow], rates[k:k + 1]) for flows, rates in [*history, *best_runs] for k, flow in enumerate(flows)]
-    recapped: dict[float, dict[Any, float]] = {}  # the answer's, by ceiling
+    answer_caps: dict[float, dict[Any, float]] = {}  # the answer's, by ceiling
     for r, ((labels, what), ceiling) in enumerate(zip(plan.rivals, plan.ceilings, strict=True)):
-        caps_a, caps_r = plan.answer_caps[ceiling], plan.rival_caps[r]
         top = ceiling if recap is None else max(ceiling, recap)
-        if recap is not None:
-            caps_r = _caps(labels, observed, top, recap, plan.slow_nics)
-        if ceiling not in recapped:
-            recapped[ceiling] = _raised(plan.answer, caps_a if recap is None else
-                                        _caps(plan.answer, observed, top, recap, plan.slow_nics), carried, top)
-        caps_a, caps_r = recapped[ceiling], _raised(labels, caps_r, carried, top)
+
+        if ceiling not in answer_caps:
+            answer_caps[ceiling] = _judged_caps(plan, plan.answer, plan.answer_caps[ceiling], observed, recap, top,
+                                                carried)
+        caps_a = answer_caps[ceiling]
+        caps_r = _judged_caps(plan, labels, plan.rival_caps[r], observed, recap, top, carried)
         zs: list[float | None] = []
         for k, flows in enumerate(plan.rounds):
             if r not in plan.told[k]:
