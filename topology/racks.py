@@ -171,7 +171,7 @@ def fit_racks(
         _rule_out_by_queue(fit, lat, clear_us)
         by_latency = [(c[1], labels) for c, labels in informative if c[0] == "latency"]
         if metric == "bandwidth" and by_latency:
-            _place_by_latency(fit, dict(zip(*by_latency[0], strict=True)))
+            _place_by_latency(fit, dict(zip(*by_latency[0], strict=True)), lat, clear_us)
     return fit
 
 

@@ -492,4 +492,5 @@ def adopt_told(fit: RackFit, racks: Sequence[int], reassess: Any = None) -> set[
             continue
         fit.evidence[j] = "the telling rounds' flows"
         fit.tentative.discard(j)
+        fit.queue_placed.discard(j)
     return moved_ranks(before, fit.racks())

@@ -588,6 +588,23 @@ def test_clear_pings_to_the_one_clear_rack_do_not_place_a_blind_rank_in_it():
     assert fit.racks() == [0, 1, 1, 1, 2] and not fit.confidence()["confident"]
 
 
+def test_a_blind_rank_latency_puts_beside_a_queue_is_unsure_for_a_rack_of_its_own_waits_alike():
+    """Recorded on 1,2,2 (rank 0 alone, its NIC at 400 Mbit/s; another job on rack 1's uplink):
+    latency parts ranks 1-2 from 3-4 by the queue, and rank 0's pings wait to rack 1 and are
+    clear to rack 2. So would they be from a rack of its own: latency puts rank 0 with rack 2
+    (where the probe wrote it, confident, and wrong) but it is unsure; the clear pings of a
+    two-rack world with no queue between (``flat_latency``) place nobody."""
+    bw = np.array([[0, .27, .26, .38, .38], [.2, 0, .95, .18, .18], [.19, .93, 0, .18, .56],
+                   [.38, .69, .42, 0, .94], [.38, .41, .48, .95, 0]])
+    lat = np.array([[0, 1446, 2382, 63, 60], [1667, 0, 69, 2089, 1594], [1852, 66, 0, 1981, 2681],
+                    [68, 1903, 2461, 0, 43], [46, 2564, 1741, 116, 0]], dtype=float)
+    fit = fit_racks(lat, bw)
+    assert fit.blind == [0] and fit.racks() == [0, 1, 1, 0, 0] and fit.queue_placed == {0}
+    conf = fit.confidence()
+    assert 0 in conf["unsure"] and not conf["confident"] and "rack of its own" in conf["placed"][0]["how"]
+    assert fit_racks(flat_latency(5), bw).queue_placed == set()
+
+
 def test_a_fan_clears_a_healthy_nic_whose_every_peer_is_behind_a_slow_link():
     """Racks 1,3,1: rank 0's NIC is slow (0.15 Gbit/s), rack 1's uplink is slow (0.15), rank 4
     is healthy. Pairwise, ranks 0 and 4 look alike: every flow of each runs at 0.13. At once,
