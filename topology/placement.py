@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from scipy.sparse.csgraph import connected_components
 
 from dssync.topology.matrices import (
     CONFIDENT_MARGIN,
@@ -21,6 +22,7 @@ from dssync.topology.matrices import (
     _nearest,
     _square,
     clear_latency,
+    queued_ranks,
     renumber_racks,
 )
 
@@ -63,6 +65,9 @@ class RackFit:
     #: latency clusters may be that group's queue alone, which a rack of their own waits for
     #: as well (``_place_by_latency``): unsure until the telling rounds place them
     queue_placed: set[int] = field(default_factory=set)
+    #: clear ranks taken out of a group whose other members' pings to them wait in a queue
+    #: (``split_across_queues``): on a rack of their own, unsure
+    queue_split: set[int] = field(default_factory=set)
 
     @property
     def unplaced(self) -> list[int]:
@@ -96,7 +101,7 @@ class RackFit:
                                    "separation": round(sep, 3) if np.isfinite(sep) else None,
                                    "confident": bool(sep >= CONFIDENT_MARGIN)})
         unsure = sorted({i for i, m in self.margins.items() if m < CONFIDENT_MARGIN and len(self.groups) > 1}
-                        | self.tentative | self.unsettled | self.unexplained | self.queue_placed
+                        | self.tentative | self.unsettled | self.unexplained | self.queue_placed | self.queue_split
                         | (set(range(self.n)) if self.split_unseparated else set()))
         return {
             "metric": self.metric,
@@ -109,6 +114,8 @@ class RackFit:
             "one_rack_guess": self.split_unseparated,
             "unsettled": sorted(self.unsettled),
             "unexplained": sorted(self.unexplained),
+            "queue_placed": sorted(self.queue_placed),
+            "queue_split": sorted(self.queue_split),
             "confident": not self.unplaced and not unsure,
         }
 
@@ -340,3 +347,64 @@ def place_blind(fit: RackFit, delays: dict[int, dict[int, dict[str, tuple[float,
             fit.evidence[j] = ("its flows ruled out every rack but one, its pings did not confirm that one, "
                                "and a rack of its own was never ruled out")
     return fit
+
+
+def split_across_queues(fit: RackFit, latency_us: Any) -> set[int]:
+    """Ranks taken out of a rack that a queue parts from its other members; the ranks moved.
+
+    A round trip between two rack-mates crosses their NICs and the rack's switch, no
+    uplink. A queue of other traffic on it (a ping ``WAIT_RATIO`` times the clear latency
+    or more, the two directions' mean) is then at one of their NICs, and a rank behind a
+    queue at its own NIC waits to everyone (``queued_ranks``, left out here). So where the
+    members of a rack of three or more fall into parts whose pings to each other wait, and
+    one part (two ranks or more, the largest) pings clear within, the others are behind an
+    uplink queue from it. Each such part whose every rank also pings two or more ranks
+    outside the rack clear (no queue of its own, which a lull of the other job's can hide
+    from one ping) becomes a rack of its own, and its ranks are unsure (``queue_split``).
+    The flows can join them: on a 1,4,2 with another job on rack 2's uplink, the rack of
+    one's flows into rack 2 got 0.5-0.7 Gbit/s and its flows to rack 1 0.13 (behind a 150
+    Mbit/s uplink), and the probe wrote it into rack 2, confident, while its pings to rack 2
+    waited 2.2-2.7 ms against 55-90 us between rack 2's two workers. A blind rank (its NIC
+    slow both ways) moves as a clear one does: a slow NIC does not slow a small message."""
+    lat = _square("latency_us", latency_us)
+    sym = _nearest(lat)[0]
+    clear_us = clear_latency(lat)
+    queued = set(queued_ranks(lat))
+    racks = fit.racks()
+    moved: set[int] = set()
+    for g in range(len(fit.groups)):
+        if not fit.groups[g]:
+            continue
+        rack = racks[fit.groups[g][0]]
+        ranks = [i for i in range(fit.n) if racks[i] == rack and i not in queued]
+        if len(ranks) < 3:
+            continue
+        count, label = connected_components(sym[np.ix_(ranks, ranks)] < WAIT_RATIO * clear_us, directed=False)
+        sizes = np.bincount(label)
+        if count == 1 or sizes.max() < 2 or (sizes == sizes.max()).sum() > 1:
+            continue
+        outside = [k for k in range(fit.n) if racks[k] != rack and k not in queued]
+        parts = [[ranks[a] for a in np.flatnonzero(label == part)] for part in range(count)]
+        kept = parts.pop(int(np.argmax(sizes)))
+        apart = [part for part in parts if all(sum(sym[i, k] <= clear_us for k in outside) >= 2 for i in part)]
+        if not apart:
+            continue
+        kept += [i for part in parts if part not in apart for i in part]
+        # the rack's other ranks (queued ones) stay where they were; of the new racks, the one
+        # with the group's clear ranks keeps its index
+        split = sorted([kept, *apart], key=lambda part: not set(part) & set(fit.groups[g]))
+        for index, part in enumerate(split):
+            h = g if index == 0 else len(fit.groups)
+            clear = [i for i in part if i not in fit.blind]
+            if index == 0:
+                fit.groups[g] = sorted([*(clear or part), *(i for i in fit.groups[g] if i in queued)])
+            elif clear or len(part) > 1:
+                fit.groups.append(sorted(clear or part))
+            for j in part:
+                if j in fit.blind:
+                    fit.placed[j] = None if not clear and len(part) == 1 else h
+                    fit.evidence[j] = "its pings to its rack-mates waited in an uplink's queue"
+                    fit.tentative.discard(j)
+        moved |= {i for part in apart for i in part}
+    fit.queue_split |= moved
+    return moved

@@ -62,6 +62,7 @@ from dssync.topology.placement import (
     place_behind_standing_queue,
     place_blind,
     reassess_blind,
+    split_across_queues,
 )
 from dssync.topology.prior import RackPrior, weigh_prior
 from dssync.topology.racks import fit_racks
@@ -364,6 +365,8 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
         mark = time.time()
         telling = _tell(comm, link, cfg, fit, raw, reassess, bandwidth_gbps, queued_ranks(latency_us), hosts)
         phase_seconds["telling"] = round(time.time() - mark, 3)
+        # the flows' answer checked against the pings: a queue between rack-mates is an uplink's
+        split_across_queues(fit, latency_us)
     provisional = fit.racks()
     # Egress blasts, one per rack: its uplink with all of its members sending across at once
     # (the paper's contended uplink only shows when a whole rack talks), and, for every rank

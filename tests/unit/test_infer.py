@@ -24,6 +24,7 @@ from dssync.topology.infer import (
     queued_ranks,
     renumber_racks,
 )
+from dssync.topology.placement import RackFit, split_across_queues
 
 
 def matrices(racks, *, intra_gbps=1.0, inter_gbps=0.25, intra_us=30.0, inter_us=200.0,
@@ -1115,3 +1116,73 @@ def test_unsure_flags_take_a_blast_that_carried_nothing():
     _, bw = matrices(racks, noise=0.05, seed=23)
     found = unsure_flags(bw, racks, [0.0, 0.0])
     assert set(found["uplinks"]) <= {0, 1} and found["nics"] == []
+
+
+# -- a queue between rack-mates is an uplink's --------------------------------------------------
+
+def test_a_rank_whose_pings_to_its_rack_mates_wait_is_taken_out_of_their_rack():
+    """Recorded on 1,4,2 (another job on rack 2's uplink, rack 1 behind 150 Mbit/s): the
+    rack of one's flows into rack 2 got 0.5-0.7 Gbit/s and the probe wrote it into rack 2,
+    confident. Its pings to ranks 5 and 6 waited 2.2-2.7 ms, theirs to each other 55-89 us,
+    and its pings to rack 1 were clear: a queue between rack-mates would be at a NIC, and
+    then every ping of that rank would wait. It is a rack of its own, unsure."""
+    lat = np.array([[0, 89, 52, 92, 107, 2656, 2240], [87, 0, 77, 105, 101, 1320, 2983],
+                    [469, 82, 0, 60, 86, 2864, 1297], [175, 203, 61, 0, 111, 1606, 2656],
+                    [118, 156, 119, 108, 0, 2558, 2480], [2586, 2587, 2635, 2588, 2578, 0, 55],
+                    [2645, 2586, 2433, 2553, 2544, 89, 0]], dtype=float)
+    fit = RackFit(n=7, groups=[[0, 5, 6], [1, 2, 3, 4]])
+    assert split_across_queues(fit, lat) == {0}
+    assert renumber_racks(fit.racks()) == [0, 1, 1, 1, 1, 2, 2]
+    conf = fit.confidence()
+    assert conf["unsure"] == [0] and conf["queue_split"] == [0] and not conf["confident"]
+    # with the racks that were built, nothing moves
+    built = RackFit(n=7, groups=[[0], [1, 2, 3, 4], [5, 6]])
+    assert split_across_queues(built, lat) == set() and built.confidence()["confident"]
+
+
+def queue_latency(racks, busy, seed, noisy=0.0):
+    """One-way µs between ranks of ``racks`` whose rack ``busy``'s uplink holds another
+    job's queue: 40-110 us where no queue is crossed, 1.2-3 ms across it, and each ping with
+    probability ``noisy`` held 0.5-2 ms by a busy host."""
+    rng = np.random.default_rng(seed)
+    n = len(racks)
+    lat = rng.uniform(40, 110, (n, n))
+    across = np.array([[(racks[i] == busy) != (racks[j] == busy) for j in range(n)] for i in range(n)])
+    lat = np.where(across, rng.uniform(1200, 3000, (n, n)), lat)
+    lat = np.where(rng.random((n, n)) < noisy, lat + rng.uniform(500, 2000, (n, n)), lat)
+    np.fill_diagonal(lat, 0.0)
+    return lat
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_racks_that_were_built_are_never_split_and_a_rank_merged_across_a_queue_is(seed):
+    """Seeded random layouts of 3-5 racks (1-5 workers each), another job's queue on one
+    rack's uplink. The racks that were built lose nobody, also where busy hosts held some
+    pings. A rank written into a rack across that queue from its own comes out of it, on a
+    rack of its own, where the rack it was written into has two other ranks or more and the
+    rank has two peers or more on its side of the queue outside that rack; otherwise
+    nothing moves."""
+    rng = np.random.default_rng(1000 + seed)
+    sizes = [int(s) for s in rng.integers(1, 6, int(rng.integers(3, 6)))]
+    racks = [r for r, size in enumerate(sizes) for _ in range(size)]
+    n = len(racks)
+    busy = int(rng.choice([r for r, size in enumerate(sizes) if size >= 2] or [0]))
+    groups = [[i for i, r in enumerate(racks) if r == rack] for rack in range(len(sizes))]
+    built = RackFit(n=n, groups=[list(g) for g in groups])
+    assert split_across_queues(built, queue_latency(racks, busy, seed, noisy=0.03)) == set()
+    # one rank written into a rack across the busy uplink from its own
+    lat = queue_latency(racks, busy, seed)
+    stray = int(rng.integers(n))
+    target = int(rng.choice([r for r in range(len(sizes)) if (r == busy) != (racks[stray] == busy)]))
+    wrong = [[i for i in g if i != stray] for g in groups]
+    wrong[target].append(stray)
+    fit = RackFit(n=n, groups=[g for g in wrong if g])
+    peers = [k for k in range(n) if k != stray and (racks[k] == busy) == (racks[stray] == busy)
+             and racks[k] != target]
+    moved = split_across_queues(fit, lat)
+    if sizes[target] >= 2 and len(peers) >= 2:
+        assert moved == {stray} and stray in fit.confidence()["unsure"]
+        alone = [r if i != stray else len(sizes) for i, r in enumerate(racks)]
+        assert renumber_racks(fit.racks()) == renumber_racks(alone)
+    else:
+        assert moved == set()
