@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import random
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -33,7 +34,8 @@ from typing import Any
 
 from dssync.bench.same_network import NIC_FLOW_STREAMS, UPLINK_FLOW_STREAMS
 
-__all__ = ["KINDS", "Layout", "equivalent", "fair_rates", "generate", "kinds", "probe_layout", "run_layouts",
+__all__ = ["KINDS", "Layout", "ProbeFailedError", "equivalent", "fair_rates", "failed", "generate", "kinds", "probe_layout",
+           "run_layouts",
            "score", "summarize"]
 
 SLOW_RATES_MBIT = (150, 200, 250, 300, 400)  # against 1 Gbit/s NICs and uplinks
@@ -309,6 +311,23 @@ def score(layout: Layout, topology: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def failed(layout: Layout, error: str) -> dict[str, Any]:
+    """The row of ``layout`` whose probe failed (``error``: why): not right, no flag right,
+    claiming nothing (so not wrong and confident), and no seconds."""
+    want_up, want_nic = layout.contended_uplinks, layout.contended_nics
+    return {
+        "layout": layout.describe(), "spec": asdict(layout), "kinds": kinds(layout), "failed": error,
+        "racks_found": None, "exact": False, "same_network": False, "right": False, "flags_right": False,
+        "wrong_confident": False, "difference": None, "racks_exact": False, "racks_same_network": False,
+        "racks_equivalent": False, "unplaced": [], "confident": False, "wrong_with_confidence": False,
+        "telling_wrong_with_confidence": False, "uplinks_found": None, "uplinks_true": want_up,
+        "uplinks_exact": False, "nics_found": None, "nics_true": want_nic, "nics_exact": False,
+        "flags_equivalent": False, "flags_true_positive": 0, "flags_reported": 0,
+        "flags_true": len(want_up) + len(want_nic), "probe_seconds": None, "whole_seconds": None,
+        "world_size": len(layout.racks), "flows_tell": None,
+    }
+
+
 def flows_tell(layout: Layout, topology: dict[str, Any]) -> str | None:
     """Whether the pairs phase's own flows (``confidence.pair_rates``) tell the racks that
     were built from the ones found: ``"missed"`` where the built racks explain them better
@@ -334,7 +353,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     tp = sum(r["flags_true_positive"] for r in rows)
     reported = sum(r["flags_reported"] for r in rows)
     true = sum(r["flags_true"] for r in rows)
-    seconds = [r["probe_seconds"] for r in rows]
+    seconds = [r["probe_seconds"] for r in rows if r.get("probe_seconds") is not None]
     whole = [r["whole_seconds"] for r in rows if r.get("whole_seconds") is not None]
 
     def flags_exact(r: dict[str, Any]) -> bool:
@@ -345,6 +364,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
     return {
         "layouts": len(rows),
+        "failed": sum(bool(r.get("failed")) for r in rows),
         "right": sum(r.get("right", exact(r)) for r in rows),
         "exact": sum(exact(r) for r in rows),
         "same_network": sum(r.get("same_network", exact(r)) for r in rows),
@@ -362,10 +382,14 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "flag_recall": tp / true if true else 1.0,
         # wrong racks by whether the pairs' flows told them from the built ones
         **{f"racks_wrong_flows_{k}": sum(r.get("flows_tell") == k for r in rows) for k in ("missed", "faintly", "no")},
-        "probe_seconds_median": statistics.median(seconds),
-        "probe_seconds_max": max(seconds),
+        **({"probe_seconds_median": statistics.median(seconds), "probe_seconds_max": max(seconds)} if seconds else {}),
         **({"whole_seconds_median": statistics.median(whole), "whole_seconds_max": max(whole)} if whole else {}),
     }
+
+
+class ProbeFailedError(RuntimeError):
+    """The probe itself failed on a layout (a worker's error, its timeout, no topology
+    written), not the emulated cluster around it."""
 
 
 def probe_layout(layout: Layout, *, name: str, probe_args: Sequence[str] = (),
@@ -398,7 +422,10 @@ def probe_layout(layout: Layout, *, name: str, probe_args: Sequence[str] = (),
             emulate.contend(name=name, flows=[("cpu", i) for i in layout.busy_cpus])
         out = Path(tmp) / "topology.json"
         started = time.perf_counter()
-        topology = emulate.run_dssync(name, ["probe", *probe_args, "--out", str(out)], out, timeout_s=timeout_s)
+        try:
+            topology = emulate.run_dssync(name, ["probe", *probe_args, "--out", str(out)], out, timeout_s=timeout_s)
+        except (emulate.EmulationError, subprocess.TimeoutExpired, OSError, ValueError) as error:
+            raise ProbeFailedError(str(error)) from error
         topology["whole_seconds"] = round(time.perf_counter() - started, 2)
         return topology
 
@@ -406,7 +433,7 @@ def probe_layout(layout: Layout, *, name: str, probe_args: Sequence[str] = (),
 def rescore(record: dict[str, Any]) -> dict[str, Any]:
     """A probe-layouts record's rows and summary scored again by today's rules, from the
     layouts and the raw topologies it holds (the measurement itself is not repeated)."""
-    rows = [score(Layout.from_spec(row["spec"]), topology)
+    rows = [row if topology is None else score(Layout.from_spec(row["spec"]), topology)
             for row, topology in zip(record["rows"], record["topologies"], strict=True)]
     return {"rows": rows, "summary": summarize(rows), "topologies": record["topologies"],
             "wall_seconds": record.get("wall_seconds")}
@@ -415,12 +442,19 @@ def rescore(record: dict[str, Any]) -> dict[str, Any]:
 def run_layouts(layouts: Sequence[Layout], *, name: str = "pbl", probe_args: Sequence[str] = (),
                 rate_scale: float = 1.0,
                 report: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Probe every layout in turn; the scored rows, the summary and the raw topologies."""
+    """Probe every layout in turn; the scored rows, the summary and the raw topologies. A
+    layout whose probe failed (``ProbeFailedError``) is a ``failed`` row (not right) with no
+    topology, and the others are still probed: one worker's crash is a finding of the sweep,
+    not the end of it."""
     rows, raw = [], []
     started = time.time()
     for layout in layouts:
-        topology = probe_layout(layout, name=name, probe_args=probe_args, rate_scale=rate_scale)
-        row = score(layout, topology)
+        try:
+            topology = probe_layout(layout, name=name, probe_args=probe_args, rate_scale=rate_scale)
+        except ProbeFailedError as error:
+            topology, row = None, failed(layout, str(error))
+        else:
+            row = score(layout, topology)
         rows.append(row)
         raw.append(topology)
         if report is not None:

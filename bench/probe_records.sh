@@ -9,10 +9,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dssync=${DSSYNC:-.venv/bin/dssync}
 r=bench/results
+failed=0
 record() {  # NAME ARGS...: the record NAME.json and its console output NAME.txt, headed by its provenance
     local name=$1; shift
     local cmd="dssync bench probe-layouts $* --json $r/$name.json"
-    "$dssync" bench probe-layouts "$@" --json "$r/$name.json" > "$r/$name.txt.new"
+    # a probe that failed is a row of the record (exit 1): the other layouts and seeds still run
+    "$dssync" bench probe-layouts "$@" --json "$r/$name.json" > "$r/$name.txt.new" || failed=1
     {
         echo "# console output of \`$cmd\` at commit $(git rev-parse --short HEAD), $(date -u +%FT%TZ), $(nproc) cores (the record: $name.json)"
         cat "$r/$name.txt.new"
@@ -28,3 +30,4 @@ for s in ${SEEDS:-0 1 2 16w}; do
         record "probe-layouts-v20-seed$s" --count 20 --seed "$s"
     fi
 done
+exit $failed

@@ -5,6 +5,7 @@ import pytest
 from dssync.bench.probe_layouts import (
     KINDS,
     Layout,
+    ProbeFailedError,
     equivalent,
     fair_rates,
     generate,
@@ -134,3 +135,38 @@ def test_summarize_reads_records_written_before_the_same_network_rule():
            "confident": True, "flags_true_positive": 1, "flags_reported": 1, "flags_true": 2, "probe_seconds": 3.0}
     summary = summarize([old])
     assert summary["exact"] == summary["right"] == 0 and summary["wrong_confident"] == 1
+
+
+def test_a_layout_whose_probe_failed_is_a_row_of_the_sweep_and_the_others_still_run(monkeypatch, tmp_path, capsys):
+    """One worker's crash on one layout is recorded (not right, claiming nothing, why it
+    failed), the other layouts are probed and scored, the record rescores as it was, and
+    the command says so and exits 1 once the record is written."""
+    import json
+
+    from dssync.bench import probe_layouts
+    from dssync.cli import main
+
+    layouts = [Layout((2, 2)), Layout((3, 1), uplink_flows=(0,)), Layout((1, 3))]
+    probed = []
+
+    def probe(layout, **_):
+        probed.append(layout)
+        if layout is layouts[1]:
+            raise ProbeFailedError("dssync probe failed (exit 1): [w2] RuntimeError: a peer hung up")
+        return _topology(list(layout.racks))
+
+    monkeypatch.setattr(probe_layouts, "probe_layout", probe)
+    result = probe_layouts.run_layouts(layouts)
+    assert probed == layouts and result["topologies"][1] is None
+    rows = result["rows"]
+    assert "a peer hung up" in rows[1]["failed"] and not rows[1]["right"] and not rows[1]["wrong_confident"]
+    assert [r["right"] for r in rows] == [True, False, True] and rows[1]["flags_true"] == 1
+    summary = result["summary"]
+    assert summary["failed"] == 1 and summary["right"] == 2 and summary["wrong_confident"] == 0
+    assert summary["probe_seconds_median"] == 5.0  # the failed layout has no seconds
+    assert probe_layouts.rescore(result)["rows"] == rows
+    record = tmp_path / "sweep.json"
+    record.write_text(json.dumps({"command": "dssync bench probe-layouts --count 3 --seed 7", **result}))
+    assert main(["bench", "probe-layouts", "--rescore", str(record)]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out and "a peer hung up" in out and "1 of 3 probes FAILED" in out

@@ -79,6 +79,10 @@ def run_probe_layouts(args: argparse.Namespace) -> int:
                 "whole s"):
         table.add_column(col, justify="right" if col in ("#", "probe s", "whole s") else "left")
     for k, row in enumerate(result["rows"]):
+        if row.get("failed"):
+            table.add_row(str(k), row["layout"], "FAILED", "-", f"-/{row['uplinks_true']}", f"-/{row['nics_true']}",
+                          "-", "-", "-")
+            continue
         answer = "exact" if row["exact"] else "same network" if row["same_network"] else (
             "WRONG" + (" (confident)" if row["wrong_confident"] else " (unsure)"))
         if not row["flags_right"]:
@@ -90,7 +94,9 @@ def run_probe_layouts(args: argparse.Namespace) -> int:
                       "-" if row.get("whole_seconds") is None else f"{row['whole_seconds']:.1f}")
     console.print(table)
     for k, row in enumerate(result["rows"]):
-        if row["difference"]:
+        if row.get("failed"):
+            console.print(f"#{k}'s probe FAILED: {row['failed']}")
+        elif row["difference"]:
             console.print(f"#{k} is another network: {row['difference']}")
     s = result["summary"]
     n = s["layouts"]
@@ -98,8 +104,10 @@ def run_probe_layouts(args: argparse.Namespace) -> int:
                   f"flags right {s['flags_right']}/{n}, wrong and confident {s['wrong_confident']}; racks exact "
                   f"{s['racks_exact']}/{n} (racks that can be the same network {s['racks_same_network']}/{n}), "
                   f"flags exact {s['flags_exact']}/{n}, flag precision "
-                  f"{s['flag_precision']:.3f} recall {s['flag_recall']:.3f}, probe time median "
-                  f"{s['probe_seconds_median']:.1f} s max {s['probe_seconds_max']:.1f} s" + (
+                  f"{s['flag_precision']:.3f} recall {s['flag_recall']:.3f}" + (
+                      f", {s['failed']} of {n} probes FAILED" if s.get("failed") else "") + (
+                      f", probe time median {s['probe_seconds_median']:.1f} s max {s['probe_seconds_max']:.1f} s"
+                      if "probe_seconds_median" in s else "") + (
                       f", the whole `dssync emulate run -- dssync probe` median {s['whole_seconds_median']:.1f} s max "
                       f"{s['whole_seconds_max']:.1f} s" if "whole_seconds_median" in s else ""))
     if args.json:
@@ -113,4 +121,4 @@ def run_probe_layouts(args: argparse.Namespace) -> int:
         write_json(args.json, stamp({"command": command, "probe_args": args.probe_args,
                                      "rate_scale": args.rate_scale, **extra, **result},
                                     args.provenance))
-    return 0
+    return 1 if result["summary"].get("failed") else 0
