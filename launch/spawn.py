@@ -87,13 +87,23 @@ def _one_line(message: str, limit: int = 300) -> str:
 
 def _first_dead(procs: list[Any], reported: set[int], wait_s: float = 1.0) -> int | None:
     """A rank whose process has ended without reporting, if one has or does within
-    ``wait_s``: when a rank fails because a peer's connection closed, the peer is the cause."""
+    ``wait_s``: when a rank fails because a peer's connection closed, the peer is the cause.
+    Of several, one a signal killed (``_culprit``)."""
     deadline = time.monotonic() + wait_s
     while True:
         dead = [r for r, p in enumerate(procs) if r not in reported and p.exitcode not in (None, 0)]
         if dead or time.monotonic() > deadline:
-            return dead[0] if dead else None
+            return _culprit(procs, dead)
         time.sleep(0.05)
+
+
+def _culprit(procs: list[Any], dead: list[int]) -> int | None:
+    """Of the ranks ``dead`` (ended, no result read yet), the one to name: the lowest a signal
+    killed, else the lowest. A rank that exited with a code ran its own error handling, most
+    likely on noticing a dead peer, and its report may still be in flight: with rank 2 killed
+    by SIGKILL, rank 0 exited 1 on the closed connection and was named in its place."""
+    killed = [r for r in dead if (procs[r].exitcode or 0) < 0]
+    return (killed or dead or [None])[0]
 
 
 def _teardown(backend: str = "torch") -> None:
@@ -349,14 +359,13 @@ def _spawn(fn: Callable[..., Any], args: tuple[Any, ...], nproc: int,
             try:
                 rank, ok, value, tb = results.get(timeout=0.2)
             except queue.Empty:
-                for r, p in enumerate(procs):
-                    if r not in done and not p.is_alive():
-                        # Gone without a result (killed, segfault, os._exit): give a message
-                        # still in flight a moment before calling it dead.
-                        time.sleep(1.0)
-                        if results.empty():
-                            failure = (r, f"rank {r} died ({how_it_ended(p.exitcode)}) without a result", "")
-                        break
+                r = _culprit(procs, [r for r, p in enumerate(procs) if r not in done and not p.is_alive()])
+                if r is not None:
+                    # Gone without a result (killed, segfault, os._exit): give a message
+                    # still in flight a moment before calling it dead.
+                    time.sleep(1.0)
+                    if results.empty():
+                        failure = (r, f"rank {r} died ({how_it_ended(procs[r].exitcode)}) without a result", "")
                 if deadline is not None and time.monotonic() > deadline:
                     missing = sorted(set(range(nproc)) - done)
                     failure = (missing[0], f"job did not finish within {job_timeout_s:.0f} s; "

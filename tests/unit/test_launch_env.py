@@ -53,3 +53,18 @@ def test_torch_needs_a_rendezvous_mpi_and_horovod_do_not():
 def test_launchers_that_disagree_are_named(env, match):
     with pytest.raises(DssyncError, match=match):
         from_environ(env)
+
+
+def test_of_the_ranks_that_ended_the_one_a_signal_killed_is_named():
+    """Rank 2 killed by SIGKILL, rank 0 exited 1 on the closed connection (its report still in
+    flight): rank 2 is the one to name. With no signal among them, the lowest rank; with no
+    rank ended, none."""
+    from types import SimpleNamespace
+
+    from dssync.launch.spawn import _culprit
+
+    procs = [SimpleNamespace(exitcode=code) for code in (1, None, -9, None)]
+    assert _culprit(procs, [0, 2]) == 2
+    assert _culprit(procs, [0]) == 0
+    assert _culprit([SimpleNamespace(exitcode=1), SimpleNamespace(exitcode=3)], [0, 1]) == 0
+    assert _culprit(procs, []) is None
