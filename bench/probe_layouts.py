@@ -34,9 +34,8 @@ from typing import Any
 
 from dssync.bench.same_network import NIC_FLOW_STREAMS, UPLINK_FLOW_STREAMS
 
-__all__ = ["KINDS", "Layout", "ProbeFailedError", "equivalent", "fair_rates", "failed", "generate", "kinds", "probe_layout",
-           "run_layouts",
-           "score", "summarize"]
+__all__ = ["KINDS", "Layout", "ProbeFailedError", "equivalent", "fair_rates", "failed", "generate", "kinds",
+           "probe_layout", "run_layouts", "score", "summarize"]
 
 SLOW_RATES_MBIT = (150, 200, 250, 300, 400)  # against 1 Gbit/s NICs and uplinks
 #: The layout kinds ``generate`` features, each in ``BLOCK // len(KINDS)`` of every ``BLOCK``

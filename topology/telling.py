@@ -414,8 +414,12 @@ def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
     best: tuple[float, int, float, tuple[int, ...]] | None = None
     runs_of = [_runs(measured, k) for k in range(len(plan.rounds))]
     best_runs = [(flows, runs.max(axis=0)) for flows, runs in zip(plan.rounds, runs_of, strict=True) if len(runs)]
-    ran = [(flows, corroborated(runs)) for flows, runs in zip(plan.rounds, runs_of, strict=True)
-           if len(runs) and (corroborated(runs) > 0).all()]
+    # per round, once: each flow's rate two runs reached, and how far its best two runs differ
+    rates_of = [corroborated(runs) if len(runs) else None for runs in runs_of]
+    spread_of = [float(np.diff(np.sort(np.log(runs), axis=0)[-2:], axis=0).max()) if len(runs) >= 2 and (runs > 0).all()
+                 else 0.0 for runs in runs_of]
+    ran = [(flows, rates) for flows, rates in zip(plan.rounds, rates_of, strict=True)
+           if rates is not None and (rates > 0).all()]
     evidence = [*history, *ran]
     memo: dict[Any, float] = {}
     recap = None
@@ -444,11 +448,10 @@ def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
             runs = runs_of[k]
             if norm == 0 or not (runs > 0).all():
                 continue
-            m = np.log(corroborated(runs))
-            runs = np.sort(np.log(runs), axis=0)
-            if float((runs[-1] - runs[-2]).max()) > NOISE_SHARE * float(np.abs(pa - pr).max()):
+            if spread_of[k] > NOISE_SHARE * float(np.abs(pa - pr).max()):
                 zs.append(None)  # the best two runs disagree by more than the answers do: the round says nothing
                 continue
+            m = np.log(rates_of[k])
             zs.append(float((((m - pa) ** 2) - ((m - pr) ** 2)).sum() / norm))
         if not zs:
             continue
