@@ -225,6 +225,7 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
     observed = concurrent_flows(raw) if comm.rank == 0 else []
     rejected: list[tuple[int, ...]] = []
     judged: list[tuple[int, ...]] = []  # rivals of the current answer its rounds told and kept it against (rank 0)
+    tied: list[tuple[int, ...]] = []  # rivals the last verdict found alike with the answer it took (rank 0)
     history: list[tuple[list[tuple[int, int]], np.ndarray]] = []  # every telling round run, each flow's best (rank 0)
     steps: list[dict[str, Any]] = []
     moved: set[int] = set()
@@ -239,7 +240,8 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
             flagged = {u["rack"] for u in flags["uplinks"]}
             plan = design(racks, observed, movable, hosts=hosts, skip=judged,
                           avoid=[[i for i, r in enumerate(racks) if r == rack] for rack in flagged],
-                          slow_nics=sorted({*(u["rank"] for u in flags["nics"]), *queued, *fit.blind}))
+                          slow_nics=sorted({*(u["rank"] for u in flags["nics"]), *queued, *fit.blind}),
+                          first=tied)
         rounds = comm.allgather_object(plan.rounds if plan is not None else None)[0]  # rank 0's, to all
         if not rounds:
             break
@@ -266,12 +268,14 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
                 rejected.append(plan.answer)
                 moved = adopt_told(fit, verdict.racks, reassess)
                 judged = [] if moved else judged + told  # a new answer has rivals of its own
+                tied = verdict.tied if moved else []  # the next step tells them from it first
                 if not moved:  # a rival the fit cannot hold (two blind ranks in a rack of their own)
                     fit.unexplained |= moved_ranks(plan.answer, verdict.racks)
                     step["taken"] = None
             else:
                 fit.unexplained |= verdict.doubted
                 judged += told
+                tied = []
                 moved = set()
                 if step_no == TELL_STEPS - 1:  # rivals a round would have told, never run: not known
                     for labels in plan.unrun:
