@@ -19,10 +19,10 @@ from model_rates import measured
 from dssync.bench.probe_layouts import Layout
 from dssync.bench.same_network import best_answer, same_network, true_network
 from dssync.probing.probe import best_paths
-from dssync.topology.contention import classify_contention
-from dssync.topology.replay import concurrent_flows
 from dssync.topology import telling
+from dssync.topology.contention import classify_contention
 from dssync.topology.matrices import queued_ranks
+from dssync.topology.replay import concurrent_flows
 from dssync.topology.telling import MAX_RUNS, TELL_ROUNDS, design, judge, predict, unsteady
 
 
