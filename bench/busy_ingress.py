@@ -9,7 +9,8 @@ clear, then with another job's streams leaving rack 0 (``emulate contend --flows
 "into" is 2->0: its data enters rack 0 on the free direction of the uplink and only its acks
 leave through the loaded one; "out" is 0->2, sharing the loaded direction. Settings are
 interleaved within each repeat, so that a background flow's drift does not land on one
-setting. iperf3 (``-t 1``) times the same two paths once a repeat.
+setting. iperf3 (``-t 1``) times the same two paths once a repeat. The record names the TCP
+congestion control the ranks' connections used (the namespaces take the machine's default).
 
 Why it matters: the telling rounds run no flow into or out of a rack whose uplink the pairs
 flag (``dssync.topology.telling.design``), so a rack that shows only through such an uplink
@@ -63,8 +64,12 @@ def _worker(comm: Any, out: str, reps: int) -> None:
     finally:
         m._WINDOW = 2
         iperf.close()
+    # the TCP congestion control the ranks' connections use (their namespace's default):
+    # a long-lived connection's BBR keeps the round trip it once saw at rest
+    control = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    controls = comm.allgather_object(control)
     if comm.rank == 0:
-        Path(out).write_text(json.dumps(rows))
+        Path(out).write_text(json.dumps({"rows": rows, "congestion_control": sorted(set(controls))}))
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -99,8 +104,9 @@ def measure(*, reps: int = 5, name: str = "dsbing", timeout_s: float = 900.0) ->
                 raise RuntimeError(f"the {label} run failed (exit {rc}); its workers' output is above")
             if flows and emulate.dead_flows(name):
                 raise RuntimeError("a background flow ended during the busy run; run it again")
-            rows = json.loads(out.read_text())
-            record[label] = {"rows": rows, "summary": summarize(rows)}
+            got = json.loads(out.read_text())
+            record[label] = {"rows": got["rows"], "summary": summarize(got["rows"]),
+                             "congestion_control": got["congestion_control"]}
     return record
 
 
