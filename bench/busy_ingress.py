@@ -9,7 +9,9 @@ clear, then with another job's streams leaving rack 0 (``emulate contend --flows
 "into" is 2->0: its data enters rack 0 on the free direction of the uplink and only its acks
 leave through the loaded one; "out" is 0->2, sharing the loaded direction. Settings are
 interleaved within each repeat, so that a background flow's drift does not land on one
-setting. iperf3 (``-t 1``) times the same two paths once a repeat. The record names the TCP
+setting. A stream on a TCP connection opened for it (``fresh``: no protocol but TCP's, timed
+by the receiver) runs at each stream length, and iperf3 (``-t 1``) times the same two paths,
+once a repeat. The record names the TCP
 congestion control the ranks' connections used (the namespaces take the machine's default).
 
 Why it matters: the telling rounds run no flow into or out of a rack whose uplink the pairs
@@ -36,6 +38,54 @@ SETTINGS = ((2, 0.25), (8, 0.25), (2, 1.0), (8, 1.0))
 DIRECTIONS = {"into": (2, 0), "out": (0, 2)}
 
 
+class _FreshStreams:
+    """Timed streams each on a TCP connection of its own, opened for it: the sender writes
+    0.5 MiB chunks for the stream's length and closes; the receiver times the bytes from the
+    first to the last. A fresh connection learns its path as it is now; the probe's streams
+    ride the process group's connections, open since start-up."""
+
+    CHUNK = 1 << 19
+
+    def __init__(self, comm: Any) -> None:
+        import os
+        import socket
+
+        from dssync.collectives.sockets import interface_address
+
+        self.comm = comm
+        addr = interface_address(os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
+        self.server = socket.create_server((addr, 0))
+        self.server.settimeout(60.0)
+        self.peers = comm.allgather_object(self.server.getsockname()[:2])
+
+    def run(self, src: int, dst: int, seconds: float) -> float:
+        """Gbit/s of one stream from ``src`` to ``dst``, on every rank."""
+        import socket
+
+        value = None
+        self.comm.barrier()
+        if self.comm.rank == dst:
+            conn, _ = self.server.accept()
+            with conn:
+                conn.settimeout(60.0)
+                got, first, last = 0, None, None
+                while chunk := conn.recv(self.CHUNK):
+                    now = time.perf_counter()
+                    first = now if first is None else first
+                    got, last = got + len(chunk), now
+            value = got * 8 / (last - first) / 1e9 if first is not None and last > first else 0.0
+        elif self.comm.rank == src:
+            payload = bytes(self.CHUNK)
+            with socket.create_connection(self.peers[dst], timeout=60.0) as conn:
+                end = time.perf_counter() + seconds
+                while time.perf_counter() < end:
+                    conn.sendall(payload)
+        return float(next(v for v in self.comm.allgather_object(value) if v is not None))
+
+    def close(self) -> None:
+        self.server.close()
+
+
 def _worker(comm: Any, out: str, reps: int) -> None:
     """One rank's part, run by ``run_ranks`` under ``emulate.run``."""
     from dssync.probing import measure as m
@@ -43,6 +93,7 @@ def _worker(comm: Any, out: str, reps: int) -> None:
 
     link = m._Link(comm)
     iperf = m._Iperf3(comm, m.ProbeConfig(iperf_seconds=1), base_port=5381)
+    fresh = _FreshStreams(comm)
     comm.barrier()
     rows: list[dict[str, Any]] = []
     try:
@@ -54,6 +105,10 @@ def _worker(comm: Any, out: str, reps: int) -> None:
                     rates, _ = _phase(comm, link, [flow], cfg, f"{direction} stream")
                     rows.append({"rep": rep, "tool": "probe", "window": window, "seconds": seconds,
                                  "direction": direction, "gbps": round(float(rates[flow]), 4)})
+            for seconds in sorted({s for _, s in SETTINGS}):
+                for direction, flow in DIRECTIONS.items():
+                    rows.append({"rep": rep, "tool": "fresh", "window": None, "seconds": seconds,
+                                 "direction": direction, "gbps": round(fresh.run(*flow, seconds), 4)})
             for direction, (src, _dst) in DIRECTIONS.items():
                 comm.barrier()
                 # rank 2 runs the client both ways: -R has rank 0's server send to it
@@ -64,6 +119,7 @@ def _worker(comm: Any, out: str, reps: int) -> None:
     finally:
         m._WINDOW = 2
         iperf.close()
+        fresh.close()
     # the TCP congestion control the ranks' connections use (their namespace's default):
     # a long-lived connection's BBR keeps the round trip it once saw at rest
     control = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
