@@ -403,6 +403,8 @@ class Verdict:
     #: the rivals preferred that every telling round so far explains as well as the one taken:
     #: the next step tells them from it first (``design``'s ``first``)
     tied: list[tuple[int, ...]] = field(default_factory=list)
+    #: the rivals (indices into the design's) the rounds lean toward on average (``DOUBT_Z``)
+    leaning: list[int] = field(default_factory=list)
 
     def record(self) -> dict[str, Any]:
         return {"taken": None if self.racks is None else list(self.racks), "doubted": sorted(self.doubted),
@@ -429,7 +431,7 @@ def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
     took a move the pairs preferred and the last kept the split). An answer in ``rejected``
     (one that earlier telling rounds moved away from) is not taken again."""
     rejected = {_canonical(r) for r in rejected}
-    scores, doubted = [], set()
+    scores, doubted, leaning = [], set(), []
     alike: list[tuple[float, int, float, tuple[int, ...]]] = []  # the rivals preferred: (off, racks, misfit, labels)
     runs_of = [_runs(measured, k) for k in range(len(plan.rounds))]
     best_runs = [(flows, runs.max(axis=0)) for flows, runs in zip(plan.rounds, runs_of, strict=True) if len(runs)]
@@ -484,13 +486,14 @@ def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
             alike.append((round(off, 1), len(set(labels)), misfit(labels, observed, memo), labels))
         if float(np.mean(clean)) > DOUBT_Z:
             doubted |= moved_ranks(plan.answer, labels)
+            leaning.append(r)
     if alike:
         alike = [key for key in alike if key[0] == min(k[0] for k in alike)]
         lowest = min(key[2] for key in alike)
         best = min((key for key in alike if key[2] <= lowest + ALIKE_MISFIT), key=lambda key: key[1:3])
         return Verdict(racks=best[3], doubted=set(), scores=scores, ran=ran,
                        tied=sorted({key[3] for key in alike} - {best[3]}))
-    return Verdict(racks=None, doubted=doubted, scores=scores, ran=ran)
+    return Verdict(racks=None, doubted=doubted, scores=scores, ran=ran, leaning=leaning)
 
 
 def adopt_told(fit: RackFit, racks: Sequence[int], reassess: Any = None) -> set[int]:
@@ -518,3 +521,82 @@ def adopt_told(fit: RackFit, racks: Sequence[int], reassess: Any = None) -> set[
         fit.tentative.discard(j)
         fit.queue_placed.discard(j)
     return moved_ranks(before, fit.racks())
+
+
+#: why an alternative answer stands: ``alternatives``' reasons, as the probe says them
+WHY = {
+    "untellable": "no flow the probe could run tells them apart",
+    "tied": "the telling rounds explained both alike",
+    "unrun": "a round would tell them apart, but the rounds had no room for it",
+    "doubted": "the telling rounds leaned toward it",
+}
+
+
+def alternatives(plan: Design, verdict: Verdict | None) -> list[tuple[tuple[int, ...], str]]:
+    """Answers the last telling step left standing beside the one written, with why:
+    ``(labels, reason)``, reason one of ``WHY``. Where the step took a rival, the rivals its
+    rounds explained alike (``tied``); where it kept the answer, the rivals no pair of flows
+    could tell from it (every flow that would crosses a flagged uplink, or no two flows differ
+    by ``TELL_RATIO``), those a round would tell that found no room (``unrun``), and those
+    the rounds leaned toward (mean ``z`` above ``DOUBT_Z``). Without a verdict (no round to
+    run), every rival the pairs left standing."""
+    if verdict is not None and verdict.racks is not None:
+        return [(tuple(labels), "tied") for labels in verdict.tied]
+    told = {k for ks in plan.told for k in ks}
+    unrun = {tuple(labels) for labels in plan.unrun}
+    leaned = set(verdict.leaning) if verdict is not None else set()
+    out = []
+    for k, (labels, _) in enumerate(plan.rivals):
+        if k in leaned:
+            out.append((tuple(labels), "doubted"))
+        elif tuple(labels) in unrun:
+            out.append((tuple(labels), "unrun"))
+        elif k not in told:
+            out.append((tuple(labels), "untellable"))
+    return out
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    """``0-1``, ``2-5``, ``0, 3``: runs of consecutive ranks as ranges."""
+    ranks, runs = sorted(ranks), []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def standing_answers(racks: Sequence[int], standing: Sequence[tuple[Sequence[int], str]],
+                     unsure: Sequence[int]) -> list[dict[str, Any]]:
+    """The answers in ``standing`` (``alternatives``: labels and why) as the written
+    ``racks`` differ from them, for the topology file and stderr. Each rack of an answer that
+    is no written rack says one thing: made of parts of several written racks, its smaller
+    parts may be one rack with its largest ("workers 0-1 may be one rack with workers 2-5");
+    part of one written rack and not its largest part, it may be a rack of its own. The
+    workers that would move must all be ``unsure``: an answer that moves a worker the probe
+    is sure of is not left standing by what it measured. ``{"workers", "with", "why",
+    "says"}`` each, once per worker set (the first reason kept)."""
+    written = {frozenset(rack) for rack in named_racks(racks)}
+    unsure_set, seen, out = set(unsure), set(), []
+    for labels, why in standing:
+        named = [frozenset(rack) for rack in named_racks(labels)]
+        for members in sorted(set(named) - written, key=min):
+            parts = sorted((members & w for w in written if members & w), key=lambda p: (-len(p), min(p)))
+            if len(parts) >= 2:
+                workers, mates = sorted(frozenset().union(*parts[1:])), sorted(parts[0])
+            else:
+                home = next(w for w in written if members <= w)
+                pieces = sorted({named[i] & home for i in home}, key=lambda p: (-len(p), min(p)))
+                if members == pieces[0]:
+                    continue  # what stays of a rack some of its workers left
+                workers, mates = sorted(members), []
+            if not set(workers) <= unsure_set or (tuple(workers), tuple(mates)) in seen:
+                continue
+            seen.add((tuple(workers), tuple(mates)))
+            noun = "worker" if len(workers) == 1 else "workers"
+            where = (f"may be one rack with {'worker' if len(mates) == 1 else 'workers'} {_ranks_text(mates)}"
+                     if mates else f"may be {'a rack of its own' if len(workers) == 1 else 'a rack of their own'}")
+            out.append({"workers": workers, "with": mates, "why": why,
+                        "says": f"{noun} {_ranks_text(workers)} {where}: {WHY[why]}"})
+    return out

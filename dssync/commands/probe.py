@@ -128,6 +128,11 @@ def confidence_lines(confidence: dict) -> list[str]:
                      "written as one rack")
     elif close := sorted(set(unsure) - set(unsettled)):
         lines.append(f"workers {close} sit almost as close to another rack as to their own")
+    # the answers the measurement left standing beside the one written (telling.standing_answers)
+    standing = confidence.get("alternatives") or []
+    lines += [alt["says"] for alt in standing[:4]]
+    if len(standing) > 4:
+        lines.append(f"and {len(standing) - 4} more such answers (confidence.alternatives in the file)")
     flags = confidence.get("flags_unsure") or {}
     if flags.get("uplinks"):
         lines.append(f"the uplinks of racks {flags['uplinks']} carried close to the slow-link rule, or less than "

@@ -67,7 +67,15 @@ from dssync.topology.placement import (
 from dssync.topology.prior import RackPrior, weigh_prior
 from dssync.topology.racks import fit_racks
 from dssync.topology.replay import concurrent_flows, cut_partitions, moved_ranks, replay_fit
-from dssync.topology.telling import MAX_RUNS, adopt_told, design, judge, unsteady
+from dssync.topology.telling import (
+    MAX_RUNS,
+    adopt_told,
+    alternatives,
+    design,
+    judge,
+    standing_answers,
+    unsteady,
+)
 
 __all__ = [
     "BACKENDS",
@@ -216,12 +224,13 @@ def _replay(comm: Communicator, fit: RackFit, raw: list[tuple[list[list[tuple[in
 def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
           raw: list[tuple[list[list[tuple[int, int]]], np.ndarray]],
           reassess: Callable[[RackFit], Any], bandwidth_gbps: np.ndarray, queued: Sequence[int] = (),
-          hosts: Sequence[str] | None = None) -> list[dict[str, Any]]:
+          hosts: Sequence[str] | None = None) -> tuple[list[dict[str, Any]], list[tuple[tuple[int, ...], str]]]:
     """Rounds of flows that tell the racks from their nearest rivals, run and judged
     (``dssync.topology.telling``) until they keep the racks, at most ``TELL_STEPS`` times:
     rank 0 designs and decides, every rank runs the rounds and adopts. Where the last step
     still moved ranks, nothing confirmed the move: those ranks are unsure. No telling flow
-    crosses an uplink the pairs (``bandwidth_gbps``) flag. The steps' record."""
+    crosses an uplink the pairs (``bandwidth_gbps``) flag. The steps' record, and the answers
+    the last step left standing beside the one written, with why (``telling.alternatives``)."""
     observed = concurrent_flows(raw) if comm.rank == 0 else []
     rejected: list[tuple[int, ...]] = []
     judged: list[tuple[int, ...]] = []  # rivals of the current answer its rounds told and kept it against (rank 0)
@@ -229,6 +238,7 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
     history: list[tuple[list[tuple[int, int]], np.ndarray]] = []  # every telling round run, each flow's best (rank 0)
     steps: list[dict[str, Any]] = []
     moved: set[int] = set()
+    last: tuple[Any, Any] | None = None  # the last step's design and verdict (rank 0)
     for step_no in range(TELL_STEPS):
         # blind ranks too: their flows are slow, but they still take their share of an uplink;
         # not a rank behind another job's queue at its NIC, whose rates are that job's to set
@@ -244,6 +254,8 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
                           first=tied)
         rounds = comm.allgather_object(plan.rounds if plan is not None else None)[0]  # rank 0's, to all
         if not rounds:
+            if plan is not None:
+                last = (plan, None)
             break
         measured: list[list[np.ndarray | None]] = []
         again = list(range(len(rounds)))
@@ -259,6 +271,7 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
         decided = None
         if comm.rank == 0:
             verdict = judge(plan, observed, measured, rejected, history)
+            last = (plan, verdict)
             history += verdict.ran  # what later steps' choices must explain too
             step = {"racks": list(plan.answer), "rounds": [[list(f) for f in flows] for flows in plan.rounds],
                     "gbps": [[None if r is None else np.round(r, 4).tolist() for r in row] for row in measured],
@@ -287,7 +300,8 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
         if step["taken"] is None and not step["unrun"]:
             break  # kept against every rival a round could tell (a next step tells those that found no room)
     fit.unexplained |= moved  # the last step moved them and no round confirmed it
-    return steps
+    standing = comm.allgather_object(alternatives(*last) if last is not None else [])[0]  # rank 0's
+    return steps, standing
 
 
 def _aggregates(phases: list[dict[str, Any]], racks: list[int]) -> list[float] | None:
@@ -360,6 +374,7 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
     phase_seconds = {"pairs": round(time.time() - started_at, 3)}
     replay_record = None
     telling: list[dict[str, Any]] = []
+    standing: list[tuple[tuple[int, ...], str]] = []  # answers the telling rounds left beside the one written
     if not known and not cfg.isolated:
         def reassess(f: RackFit) -> Any:
             return reassess_blind(f, bandwidth_gbps, latency_us, hosts)
@@ -367,7 +382,8 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
         replay_record = _replay(comm, fit, raw, reassess, hosts)
         phase_seconds["replay"] = round(time.time() - mark, 3)
         mark = time.time()
-        telling = _tell(comm, link, cfg, fit, raw, reassess, bandwidth_gbps, queued_ranks(latency_us), hosts)
+        telling, standing = _tell(comm, link, cfg, fit, raw, reassess, bandwidth_gbps, queued_ranks(latency_us),
+                                  hosts)
         phase_seconds["telling"] = round(time.time() - mark, 3)
         # the flows' answer checked against the pings: a queue between rack-mates is an uplink's
         split_across_queues(fit, latency_us)
@@ -458,6 +474,8 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
     # than its NICs allow without standing out: the answer is then not confident either.
     confidence["flags_unsure"] = unsure_flags(bandwidth_gbps, racks, aggregates, hosts=hosts, fans=fans,
                                               queued=queued)
+    # what the probe could not tell its racks from, in the workers it is unsure of
+    confidence["alternatives"] = standing_answers(racks, standing, confidence["unsure"])
     confidence["racks_confident"] = confidence["confident"]
     if confidence["flags_unsure"]["uplinks"] or confidence["flags_unsure"]["nics"]:
         confidence["confident"] = False

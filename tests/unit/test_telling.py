@@ -23,7 +23,18 @@ from dssync.topology import telling
 from dssync.topology.contention import classify_contention
 from dssync.topology.matrices import queued_ranks
 from dssync.topology.replay import concurrent_flows
-from dssync.topology.telling import MAX_RUNS, TELL_ROUNDS, design, judge, predict, unsteady
+from dssync.topology.replay import moved_ranks as moved
+from dssync.topology.telling import (
+    MAX_RUNS,
+    TELL_ROUNDS,
+    WHY,
+    alternatives,
+    design,
+    judge,
+    predict,
+    standing_answers,
+    unsteady,
+)
 
 
 def tell(layout: Layout, racks: list[int], seed: int, slowdown: float = 0.3,
@@ -468,3 +479,43 @@ def test_on_random_layouts_the_pairs_margin_and_the_tied_rivals_end_right_at_lea
     before = sum(right(layout, tell(layout, racks, seed, slowdown=0.1, carry=False)[0]) for layout, racks, seed in cases)
     assert now >= before, (now, before)
     assert now >= 0.6 * len(cases), now
+
+
+def test_the_answers_left_standing_are_said_as_the_written_racks_differ_from_them():
+    racks = [0, 0, 1, 1, 1, 1]
+    said = standing_answers(racks, [((0, 0, 0, 0, 0, 0), "untellable"), ((0, 0, 0, 1, 1, 1), "tied"),
+                                    ((0, 0, 1, 2, 2, 2), "unrun"), ((0, 0, 1, 1, 1, 0), "doubted")], range(6))
+    assert [(a["workers"], a["with"], a["why"]) for a in said] == [
+        ([0, 1], [2, 3, 4, 5], "untellable"),  # a merge: the smaller rack joins the larger
+        ([2], [0, 1], "tied"),  # a move: the worker that moves, the rack it joins
+        ([2], [], "unrun"),  # a split: the part that leaves, not what stays
+        ([5], [0, 1], "doubted"),
+    ]
+    assert said[0]["says"] == "workers 0-1 may be one rack with workers 2-5: no flow the probe could run tells them apart"
+    assert said[2]["says"].startswith("worker 2 may be a rack of its own: ")
+    # only workers the probe is unsure of; each worker set once; the written racks themselves never
+    assert standing_answers(racks, [((0, 0, 0, 1, 1, 1), "tied")], [0, 1, 3]) == []
+    assert len(standing_answers(racks, [((0, 0, 0, 1, 1, 1), "tied"), ((1, 1, 1, 0, 0, 0), "unrun")], range(6))) == 1
+    assert standing_answers(racks, [((5, 5, 2, 2, 2, 2), "tied")], range(6)) == []
+
+
+def test_a_rival_that_only_a_flow_through_a_flagged_uplink_would_tell_is_left_standing_and_said():
+    # 4,2,1 with the rack of one's uplink flagged, uplinks as fast as NICs: the pairs' flows
+    # explain worker 6 with the rack of two as well as alone, and every flow that would tell
+    # them apart crosses the flagged uplink, so no round runs it; that answer stands beside
+    # the racks written, and the probe says so.
+    layout = Layout((4, 2, 1))
+    racks = list(layout.racks)
+    observed = concurrent_flows(measured(layout, 0))
+    plan = design(racks, observed, list(range(7)), avoid=[[6]])
+    assert not plan.rounds
+    standing = alternatives(plan, None)
+    fenced = [labels for labels, why in standing if why == "untellable" and 6 in moved(racks, labels)]
+    assert fenced, standing
+    assert all(why in WHY for _, why in standing)
+    said = standing_answers(racks, standing, range(7))
+    assert said and all(set(a["workers"]) <= set(range(7)) for a in said)
+    from dssync.commands.probe import confidence_lines
+
+    lines = confidence_lines({"unsure": list(range(7)), "alternatives": said})
+    assert f"warning: {said[0]['says']}" in lines
