@@ -519,3 +519,26 @@ def test_a_rival_that_only_a_flow_through_a_flagged_uplink_would_tell_is_left_st
 
     lines = confidence_lines({"unsure": list(range(7)), "alternatives": said})
     assert f"warning: {said[0]['says']}" in lines
+
+
+def test_a_recorded_probe_names_the_racks_built_among_what_it_could_not_tell():
+    # Recorded on the emulated racks: 3,2 with worker 4 behind a 200 Mbit/s NIC and another
+    # job on rack 1's uplink. Every flow that would tell workers 3 and 4 together from apart
+    # crosses that uplink; the probe wrote them on racks of their own, unsure, and says the
+    # racks that were built may be the answer (and nothing else).
+    case = json.loads((Path(__file__).parent / "data" / "emulated_probes.json").read_text())["standing_step"]
+    layout = Layout.from_spec(case["spec"])
+    passes = [([[tuple(f) for f in flows] for flows in rnd["rounds"]], np.array(rnd["gbps"])) for rnd in case["pair_rates"]]
+    observed = concurrent_flows(passes)
+    step = case["step"]
+    queued = queued_ranks(np.array(case["latency_us"]))
+    flags = classify_contention(np.array(case["bandwidth_gbps"]), step["racks"], queued=queued)
+    plan = design(step["racks"], observed, sorted(set(range(len(step["racks"]))) - set(queued)),
+                  avoid=[[i for i, r in enumerate(step["racks"]) if r == u["rack"]] for u in flags["uplinks"]],
+                  slow_nics=sorted({*(u["rank"] for u in flags["nics"]), *queued}))
+    assert plan.rounds == [[tuple(f) for f in flows] for flows in step["rounds"]]
+    verdict = judge(plan, observed, [[None if r is None else np.array(r) for r in run] for run in step["gbps"]])
+    standing = alternatives(plan, verdict)
+    assert tuple(layout.racks) in [labels for labels, _ in standing]
+    said = standing_answers(case["racks"], standing, case["unsure"])
+    assert [a["says"] for a in said] == ["worker 4 may be one rack with worker 3: no flow the probe could run tells them apart"]
