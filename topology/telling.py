@@ -574,8 +574,9 @@ def standing_answers(racks: Sequence[int], standing: Sequence[tuple[Sequence[int
     is no written rack says one thing: made of parts of several written racks, its smaller
     parts may be one rack with its largest ("workers 0-1 may be one rack with workers 2-5");
     part of one written rack and not its largest part, it may be a rack of its own. The
-    workers that would move must all be ``unsure``: an answer that moves a worker the probe
-    is sure of is not left standing by what it measured. ``{"workers", "with", "why",
+    workers that would move must all be in ``unsure`` (the probe's unsure and unplaced
+    workers): an answer that moves a worker the probe is sure of is not left standing by
+    what it measured. ``{"workers", "with", "why",
     "says"}`` each, once per worker set (the first reason kept)."""
     written = {frozenset(rack) for rack in named_racks(racks)}
     unsure_set, seen, out = set(unsure), set(), []

@@ -474,8 +474,8 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
     # than its NICs allow without standing out: the answer is then not confident either.
     confidence["flags_unsure"] = unsure_flags(bandwidth_gbps, racks, aggregates, hosts=hosts, fans=fans,
                                               queued=queued)
-    # what the probe could not tell its racks from, in the workers it is unsure of
-    confidence["alternatives"] = standing_answers(racks, standing, confidence["unsure"])
+    # what the probe could not tell its racks from, in the workers it is unsure of or could not place
+    confidence["alternatives"] = standing_answers(racks, standing, [*confidence["unsure"], *confidence["unplaced"]])
     confidence["racks_confident"] = confidence["confident"]
     if confidence["flags_unsure"]["uplinks"] or confidence["flags_unsure"]["nics"]:
         confidence["confident"] = False
