@@ -22,6 +22,7 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import random
 import select
 import signal
 import socket
@@ -40,7 +41,35 @@ __all__ = ["BACKENDS", "free_port", "run_ranks"]
 BACKENDS = ("torch", "mpi", "horovod")
 
 
+def _ephemeral_ports() -> tuple[int, int]:
+    """The range the kernel hands out to outgoing connections (``ip_local_port_range``)."""
+    try:
+        low, high = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+    return low, high
+
+
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now and outside the range the kernel gives
+    outgoing connections, so that no other process's connection takes it before the
+    rendezvous listens on it. A port the kernel picks (bind to 0) is from that range, and on
+    a loaded machine another job's connection once got it in the second between the pick
+    and rank 0's listen (``EADDRINUSE``, in a CI run of the test suite with three workers).
+    Random among the ports below the range (above it where there is more room), a bound
+    check each, 100 tries; then the kernel's pick."""
+    low, high = _ephemeral_ports()
+    below, above = (10000, low - 1), (high + 1, 65535)
+    start, end = below if below[1] - below[0] >= above[1] - above[0] else above
+    rng = random.SystemRandom()
+    for _ in range(100 if end > start else 0):
+        port = rng.randint(start, end)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

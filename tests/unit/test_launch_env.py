@@ -68,3 +68,17 @@ def test_of_the_ranks_that_ended_the_one_a_signal_killed_is_named():
     assert _culprit(procs, [0]) == 0
     assert _culprit([SimpleNamespace(exitcode=1), SimpleNamespace(exitcode=3)], [0, 1]) == 0
     assert _culprit(procs, []) is None
+
+
+def test_a_rendezvous_port_is_free_and_outside_the_range_outgoing_connections_get():
+    import socket
+
+    from dssync.launch.spawn import _ephemeral_ports, free_port
+
+    low, high = _ephemeral_ports()
+    ports = {free_port() for _ in range(20)}
+    assert all(not low <= p <= high and 1024 <= p <= 65535 for p in ports), ports
+    assert len(ports) > 1  # drawn, not one fixed port that two jobs would both take
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", port))  # free when drawn, still free now
