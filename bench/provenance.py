@@ -29,10 +29,21 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def _congestion_control() -> str | None:
+    try:
+        with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
 def provenance(argv: list[str] | None = None) -> dict[str, Any]:
     """The commit of the installed checkout (``None`` outside one; ``dirty`` when files it
     tracks, outside ``bench/results/``, differ from it), the command as typed (``dssync`` and
-    its arguments), the UTC date, and the machine's cores (those this process may run on) and Python."""
+    its arguments), the UTC date, the machine's cores (those this process may run on) and
+    Python, and its TCP congestion control (``None`` where unreadable): the emulated
+    cluster's namespaces take the machine's, and a flow through another job's queue fares
+    differently under BBR and CUBIC (``results/busy-ingress.json``)."""
     from importlib.metadata import PackageNotFoundError, version
 
     argv = sys.argv[1:] if argv is None else argv
@@ -51,6 +62,7 @@ def provenance(argv: list[str] | None = None) -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "cores": len(os.sched_getaffinity(0)),
         "python": sys.version.split()[0],
+        "tcp_congestion_control": _congestion_control(),
         "dssync": dssync_version,
     }
 

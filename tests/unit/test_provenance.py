@@ -20,6 +20,8 @@ def test_provenance_names_this_checkouts_commit_the_command_and_the_cores():
         assert prov["commit"] == head.stdout.strip()
     assert prov["command"] == "dssync bench compare --scenario static,inter-rack --strategies ddp,local-sgd:period=4"
     assert prov["cores"] == len(os.sched_getaffinity(0))
+    with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:  # what the emulated hosts' TCP runs
+        assert prov["tcp_congestion_control"] == f.read().strip()
     when = datetime.datetime.fromisoformat(prov["date"])
     assert abs((datetime.datetime.now(datetime.UTC) - when).total_seconds()) < 60
 
