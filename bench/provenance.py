@@ -42,8 +42,8 @@ def provenance(argv: list[str] | None = None) -> dict[str, Any]:
     tracks, outside ``bench/results/``, differ from it), the command as typed (``dssync`` and
     its arguments), the UTC date, the machine's cores (those this process may run on) and
     Python, and its TCP congestion control (``None`` where unreadable): the emulated
-    cluster's namespaces take the machine's, and a flow through another job's queue fares
-    differently under BBR and CUBIC (``results/busy-ingress.json``)."""
+    cluster's namespaces take the machine's, and how a flow through another job's queue
+    fares depends on it (``results/busy-ingress.json``)."""
     from importlib.metadata import PackageNotFoundError, version
 
     argv = sys.argv[1:] if argv is None else argv
