@@ -122,8 +122,9 @@ def _worker(comm: Any, out: str, reps: int) -> None:
         fresh.close()
     # the TCP congestion control the ranks' connections use (their namespace's default):
     # a long-lived connection's BBR keeps the round trip it once saw at rest
-    control = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
-    controls = comm.allgather_object(control)
+    from dssync.bench.provenance import congestion_control
+
+    controls = comm.allgather_object(congestion_control())
     if comm.rank == 0:
         Path(out).write_text(json.dumps({"rows": rows, "congestion_control": sorted(set(controls))}))
 

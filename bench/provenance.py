@@ -29,7 +29,8 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def _congestion_control() -> str | None:
+def congestion_control() -> str | None:
+    """This network namespace's TCP congestion control, ``None`` where unreadable."""
     try:
         with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
             return f.read().strip() or None
@@ -62,7 +63,7 @@ def provenance(argv: list[str] | None = None) -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "cores": len(os.sched_getaffinity(0)),
         "python": sys.version.split()[0],
-        "tcp_congestion_control": _congestion_control(),
+        "tcp_congestion_control": congestion_control(),
         "dssync": dssync_version,
     }
 

@@ -144,3 +144,16 @@ def clear_latency(latency_us: np.ndarray) -> float:
     """One-way µs up to which a path is clear (no queue on it): ``DELAY_RATIO`` times the
     median rank's nearest-neighbour latency."""
     return DELAY_RATIO * float(np.median(_nearest(latency_us)[1]))
+
+
+def ranks_text(ranks: Sequence[int], noun: str = "rank") -> str:
+    """``rank 2``, ``ranks 2-3``, ``ranks 0-1, 4`` (``noun`` for another word, e.g. worker):
+    runs of consecutive ranks written as ranges."""
+    spans: list[list[int]] = []
+    for r in sorted(ranks):
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
+    return f"{noun} {text}" if len(ranks) == 1 else f"{noun}s {text}"

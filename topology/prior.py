@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dssync.errors import TopologyError
+from dssync.topology.matrices import ranks_text
 from dssync.topology.placement import RackFit
 
 __all__ = ["RackPrior", "describe_disagreements", "disagreements", "expand_hostlist", "parse_racks_from",
@@ -266,18 +267,6 @@ def disagreements(measured: Sequence[int], prior: Sequence[int]) -> list[dict[st
     return out
 
 
-def _ranks(ranks: Sequence[int]) -> str:
-    """``rank 2``, ``ranks 2-3``, ``ranks 0-1, 4``."""
-    spans: list[list[int]] = []
-    for r in sorted(ranks):
-        if spans and r == spans[-1][1] + 1:
-            spans[-1][1] = r
-        else:
-            spans.append([r, r])
-    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
-    return f"rank {text}" if len(ranks) == 1 else f"ranks {text}"
-
-
 def describe_disagreements(source: str, entries: Sequence[Mapping[str, Sequence[int]]]) -> list[str]:
     """One line per disagreement, leaving out a line whose every pair an earlier line named."""
     said: set[frozenset[int]] = set()
@@ -288,11 +277,11 @@ def describe_disagreements(source: str, entries: Sequence[Mapping[str, Sequence[
             continue
         said |= pairs
         one = len(e["ranks"]) == 1
-        who = f"{_ranks(e['ranks'])} {'measures' if one else 'measure'}"
+        who = f"{ranks_text(e['ranks'])} {'measures' if one else 'measure'}"
         own = "its own" if one else "their own"
-        where = (f"as one rack with {_ranks(e['measured_with'])}" if e["measured_with"]
+        where = (f"as one rack with {ranks_text(e['measured_with'])}" if e["measured_with"]
                  else f"as a rack of {own}")
-        instead = f"with {_ranks(e['prior_with'])}" if e["prior_with"] else own
+        instead = f"with {ranks_text(e['prior_with'])}" if e["prior_with"] else own
         lines.append(f"--racks-from {source}: {who} {where}, not {instead}")
     return lines
 
@@ -330,10 +319,10 @@ def weigh_prior(fit: RackFit, prior: Sequence[int], source: str, *,
                 lines.append(f"--racks-from {source}: the probe keeps the measured racks (the measurement "
                              "is sure of them)")
             elif racks == _renumber(prior):
-                lines.append(f"--racks-from {source}: the measurement is unsure of {_ranks(decided)}; the probe "
+                lines.append(f"--racks-from {source}: the measurement is unsure of {ranks_text(decided)}; the probe "
                              "keeps the prior's racks")
             else:
-                lines.append(f"--racks-from {source}: the measurement is unsure of {_ranks(decided)}; the probe "
+                lines.append(f"--racks-from {source}: the measurement is unsure of {ranks_text(decided)}; the probe "
                              "keeps the measured racks with them placed as the prior says")
         for line in lines:
             print(f"warning: {line}", file=sys.stderr, flush=True)

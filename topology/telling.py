@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from dssync.topology.matrices import ranks_text
 from dssync.topology.placement import RackFit
 from dssync.topology.replay import (
     MIN_GAIN,
@@ -556,17 +557,6 @@ def alternatives(plan: Design, verdict: Verdict | None) -> list[tuple[tuple[int,
     return out
 
 
-def _ranks_text(ranks: Sequence[int]) -> str:
-    """``0-1``, ``2-5``, ``0, 3``: runs of consecutive ranks as ranges."""
-    ranks, runs = sorted(ranks), []
-    for r in ranks:
-        if runs and r == runs[-1][1] + 1:
-            runs[-1][1] = r
-        else:
-            runs.append([r, r])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
-
-
 def standing_answers(racks: Sequence[int], standing: Sequence[tuple[Sequence[int], str]],
                      unsure: Sequence[int]) -> list[dict[str, Any]]:
     """The answers in ``standing`` (``alternatives``: labels and why) as the written
@@ -595,9 +585,8 @@ def standing_answers(racks: Sequence[int], standing: Sequence[tuple[Sequence[int
             if not set(workers) <= unsure_set or (tuple(workers), tuple(mates)) in seen:
                 continue
             seen.add((tuple(workers), tuple(mates)))
-            noun = "worker" if len(workers) == 1 else "workers"
-            where = (f"may be one rack with {'worker' if len(mates) == 1 else 'workers'} {_ranks_text(mates)}"
-                     if mates else f"may be {'a rack of its own' if len(workers) == 1 else 'a rack of their own'}")
+            where = (f"may be one rack with {ranks_text(mates, 'worker')}" if mates
+                     else f"may be {'a rack of its own' if len(workers) == 1 else 'a rack of their own'}")
             out.append({"workers": workers, "with": mates, "why": why,
-                        "says": f"{noun} {_ranks_text(workers)} {where}: {WHY[why]}"})
+                        "says": f"{ranks_text(workers, 'worker')} {where}: {WHY[why]}"})
     return out
