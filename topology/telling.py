@@ -179,6 +179,26 @@ def _raised(labels: Sequence[int], caps: dict[Any, float], carried: Sequence[tup
     return raised
 
 
+def _not_self_fitted(m: np.ndarray, pa: np.ndarray, pr: np.ndarray, before_a: np.ndarray,
+                     before_r: np.ndarray) -> np.ndarray:
+    """Which flows of a round count between answer and rival: not one whose prediction, on
+    one side, its own rate raised (``_raised``: the side predicts it as measured, where
+    without the round it predicted less) unless the rate also beats the other side's
+    prediction. A busy host only ever slows a flow, so a rate below a prediction is no sign
+    against it, and a side fitted to the rate itself would win every such flow by the noise
+    alone: on 2,3,4 with rack 1 behind a 400 Mbit/s uplink and rank 0 behind a 400 Mbit/s
+    NIC, the racks built predicted 6->1 at 0.96 from the pairs, rank 1 alone at the 0.90 the
+    flow got (its downlink read at 0.76, never filled), and the rounds split rack 0 on a run
+    slowed by 7 %. The rate that beats the other side's prediction is the evidence a raised
+    capacity is there for: on 2,1,2 with rack 0 behind a 400 Mbit/s uplink, 2->3 alone got
+    1.0, above the merge's 0.93, where the pairs had read the uplink of the racks built at
+    0.56. ``m``, ``pa`` and ``pr`` are log-rates; ``before_*`` the rates without the round."""
+    tol = 1e-9
+    fitted_a = pa > np.log(np.maximum(before_a, 1e-6)) + tol
+    fitted_r = pr > np.log(np.maximum(before_r, 1e-6)) + tol
+    return ~((fitted_a & (m <= pr + tol)) | (fitted_r & (m <= pa + tol)))
+
+
 def _judged_caps(plan: Design, labels: Sequence[int], read: dict[Any, float],
                  observed: Sequence[tuple[list[Flow], np.ndarray]], recap: float | None, top: float,
                  carried: Sequence[tuple[list[Flow], np.ndarray]]) -> dict[Any, float]:
@@ -450,30 +470,47 @@ def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
         if floor > plan.floor:
             recap = floor
     # each flow a telling round ran: a lower bound on every link of its path
-    carried = [([flow], rates[k:k + 1]) for flows, rates in [*history, *best_runs] for k, flow in enumerate(flows)]
-    answer_caps: dict[float, dict[Any, float]] = {}  # the answer's, by ceiling
+    own = [[([flow], rates[k:k + 1]) for k, flow in enumerate(flows)] for flows, rates in best_runs]
+    carried = [([flow], rates[k:k + 1]) for flows, rates in history for k, flow in enumerate(flows)] + sum(own, [])
+    answer_caps: dict[Any, dict[Any, float]] = {}  # the answer's, by ceiling (and by round left out)
+
+    def caps_of(labels: Sequence[int], read: dict[Any, float], top: float, key: Any,
+                without: int | None = None) -> dict[Any, float]:
+        if labels == plan.answer and (key, without) in answer_caps:
+            return answer_caps[key, without]
+        lifted = carried if without is None else [c for c in carried if not any(c is o for o in own[without])]
+        caps = _judged_caps(plan, labels, read, observed, recap, top, lifted)
+        if labels == plan.answer:
+            answer_caps[key, without] = caps
+        return caps
+
+    ran_index = {id(flows): j for j, (flows, _) in enumerate(best_runs)}
     for r, ((labels, what), ceiling) in enumerate(zip(plan.rivals, plan.ceilings, strict=True)):
         top = ceiling if recap is None else max(ceiling, recap)
-
-        if ceiling not in answer_caps:
-            answer_caps[ceiling] = _judged_caps(plan, plan.answer, plan.answer_caps[ceiling], observed, recap, top,
-                                                carried)
-        caps_a = answer_caps[ceiling]
-        caps_r = _judged_caps(plan, labels, plan.rival_caps[r], observed, recap, top, carried)
+        caps_a = caps_of(plan.answer, plan.answer_caps[ceiling], top, ceiling)
+        caps_r = caps_of(labels, plan.rival_caps[r], top, None)
         zs: list[float | None] = []
         for k, flows in enumerate(plan.rounds):
             if r not in plan.told[k]:
                 continue
             pa, pr = np.log(np.maximum(predict(plan.answer, caps_a, flows), 1e-6)), \
                 np.log(np.maximum(predict(labels, caps_r, flows), 1e-6))
-            norm = float(((pa - pr) ** 2).sum())
             runs = runs_of[k]
-            if norm == 0 or not (runs > 0).all():
+            if not len(runs) or not (runs > 0).all() or not (pa - pr).any():
+                continue
+            m = np.log(rates_of[k])
+            keep = _not_self_fitted(m, pa, pr, predict(plan.answer, caps_of(plan.answer, plan.answer_caps[ceiling],
+                                                                             top, ceiling, ran_index[id(flows)]),
+                                                       flows),
+                                    predict(labels, caps_of(labels, plan.rival_caps[r], top, None, ran_index[id(flows)]),
+                                            flows))
+            pa, pr, m = pa[keep], pr[keep], m[keep]
+            norm = float(((pa - pr) ** 2).sum())
+            if norm == 0:
                 continue
             if spread_of[k] > NOISE_SHARE * float(np.abs(pa - pr).max()):
                 zs.append(None)  # the best two runs disagree by more than the answers do: the round says nothing
                 continue
-            m = np.log(rates_of[k])
             zs.append(float((((m - pa) ** 2) - ((m - pr) ** 2)).sum() / norm))
         if not zs:
             continue

@@ -320,6 +320,26 @@ def test_a_rack_of_one_whose_uplink_the_pairs_never_filled_keeps_its_racks():
     assert right(layout, racks), racks
 
 
+@pytest.mark.parametrize("slowed", [0.93, 0.97])
+def test_a_rival_fitted_to_a_slowed_flow_by_its_own_rate_does_not_take_it(slowed):
+    # 2,3,4 with rack 1 behind a 400 Mbit/s uplink and rank 0 behind a 400 Mbit/s NIC, the
+    # racks built as the answer (hypothesis drew it, seed 9365). The round 0->5 beside 6->1
+    # tells the split of rack 0: rank 1 alone, whose downlink the pairs read at 0.76 (every
+    # flow into it shared rack 0's downlink), predicts 6->1 at that, the racks built at 0.96.
+    # 6->1 slowed a few per cent by a busy host lands between them; raised to that rate by
+    # the flow itself, rank 1 alone predicted it exactly and was taken.
+    layout = Layout((2, 3, 4), slow_uplinks={1: "400mbit"}, slow_nics={0: "400mbit"})
+    truth = list(layout.racks)
+    observed = concurrent_flows(measured(layout, 9365))
+    flagged = [[2, 3, 4]]  # rack 1's uplink, as the pairs flag it: no round crosses it
+    plan = design(truth, observed, list(range(9)), slow_nics=[0], avoid=flagged)
+    split = (0, 1, 2, 2, 2, 3, 3, 3, 3)
+    assert any(plan.rivals[r][0] == split for told in plan.told for r in told)
+    net = true_network(layout)
+    runs = [[np.asarray(net.rates(flows)) * slowed for flows in plan.rounds]] * 2
+    assert judge(plan, observed, runs).racks is None
+
+
 def test_a_flow_a_round_ran_bounds_each_link_of_its_path_from_below_and_a_rounds_sum_does_not():
     from dssync.topology.telling import _raised
 
