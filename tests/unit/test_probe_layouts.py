@@ -101,17 +101,19 @@ def test_score_counts_a_confident_wrong_answer_and_an_equivalent_one():
     assert row["uplinks_exact"] is False and not row["flags_equivalent"] and not row["flags_right"]
     assert not row["exact"] and not row["same_network"] and not row["right"] and row["wrong_confident"]
     assert "Gbit/s" in row["difference"]
+    assert row["wrong_only_through_other_jobs"]  # every flow it mispredicts leaves rack 1
     # flagged on the found rack whose workers are rack 1's: the same link, though not the same rack number
     row = score(layout, _topology([0, 1, 1, 1, 1, 1, 0], uplinks=[1]))
     assert row["uplinks_found"] is None and row["flags_equivalent"] and row["flags_right"]
     assert not row["exact"] and row["same_network"] and row["right"] and not row["wrong_confident"]
-    assert row["difference"] is None
+    assert row["difference"] is None and not row["wrong_only_through_other_jobs"]
     # The merged racks of one flagged instead: not rack 1's workers, but every flow into the
     # merged rack comes out of rack 1, so its uplink's way in is rack 1's way out.
     row = score(layout, _topology([0, 1, 1, 1, 1, 1, 0], uplinks=[0]))
     assert not row["flags_equivalent"] and row["same_network"] and row["flags_right"] and row["right"]
     row = score(layout, _topology([0, 1, 1, 1, 1, 1, 0], uplinks=[1], nics=[2]))
     assert not row["flags_equivalent"] and not row["right"]  # a NIC flagged that is not contended
+    assert not row["wrong_only_through_other_jobs"]  # 2->3 inside rack 1: 0.2, its NIC as recorded
     row = score(layout, _topology([0, 1, 1, 1, 1, 1, 0], confident=False))
     assert not row["right"] and not row["wrong_confident"]
 

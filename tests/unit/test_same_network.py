@@ -16,6 +16,7 @@ from dssync.bench.same_network import (
     max_min_rates,
     patterns,
     same_network,
+    through_other_jobs,
     true_network,
 )
 
@@ -109,6 +110,27 @@ def test_near_misses_are_another_network(layout, answer, why):
     difference = compare(layout, answer)
     assert difference is not None, why
     assert "Gbit/s" in str(difference)
+
+
+def test_wrong_answers_that_differ_only_through_another_job_s_flows_are_told_from_the_others():
+    # 3,2 with rack 1's uplink busy and rank 4 behind a 200 Mbit/s NIC, written as v21's
+    # seed 1 answered it: ranks 3 and 4 apart, rank 3's NIC flagged at what its flows out of
+    # the rack got. Every pattern that tells it from the racks built has a flow across rack
+    # 1's uplink, one way or the other.
+    layout = Layout((3, 2), slow_nics={4: "200mbit"}, uplink_flows=(1,))
+    answer = Answer((0, 0, 0, 1, 2), nics={3: 0.4, 4: None})
+    crosses = through_other_jobs(layout)
+    assert crosses((0, 3)) and crosses((3, 0)) and not crosses((3, 4)) and not crosses((0, 1))
+    assert compare(layout, answer) is not None
+    assert compare(layout, answer, skip=crosses) is None
+    # a near miss: in 3,2,2 with rack 1 busy, rank 2 moved to rack 2 shares rack 2's uplink
+    # with ranks 5 and 6 on flows that touch no busy link (2->0 beside 5->1)
+    layout = Layout((3, 2, 2), uplink_flows=(1,))
+    difference = compare(layout, Answer((0, 0, 2, 1, 1, 2, 2), uplinks={1: None}), skip=through_other_jobs(layout))
+    assert difference is not None and not any(through_other_jobs(layout)(f) for f in difference.flows)
+    # another job's flows through a NIC: every flow through it, either way
+    crosses = through_other_jobs(Layout((2, 2), nic_flows=(1,)))
+    assert crosses((1, 2)) and crosses((0, 1)) and not crosses((0, 2)) and not crosses((2, 3))
 
 
 def test_the_patterns_hold_pairs_racks_the_ring_and_the_planners_rounds():

@@ -101,7 +101,8 @@ def run_probe_layouts(args: argparse.Namespace) -> int:
     s = result["summary"]
     n = s["layouts"]
     console.print(f"right {s['right']}/{n} (exact {s['exact']}/{n}, the same network {s['same_network']}/{n}), "
-                  f"flags right {s['flags_right']}/{n}, wrong and confident {s['wrong_confident']}; racks exact "
+                  f"flags right {s['flags_right']}/{n}, wrong and confident {s['wrong_confident']}, wrong only through "
+                  f"another job's flows {s.get('wrong_only_through_other_jobs', 0)}; racks exact "
                   f"{s['racks_exact']}/{n} (racks that can be the same network {s['racks_same_network']}/{n}), "
                   f"flags exact {s['flags_exact']}/{n}, flag precision "
                   f"{s['flag_precision']:.3f} recall {s['flag_recall']:.3f}" + (
