@@ -180,11 +180,11 @@ def _raised(labels: Sequence[int], caps: dict[Any, float], carried: Sequence[tup
 
 
 def _not_self_fitted(m: np.ndarray, pa: np.ndarray, pr: np.ndarray, before_a: np.ndarray,
-                     before_r: np.ndarray) -> np.ndarray:
-    """Which flows of a round count between answer and rival: not one whose prediction, on
-    one side, its own rate raised (``_raised``: the side predicts it as measured, where
-    without the round it predicted less) unless the rate also beats the other side's
-    prediction. A busy host only ever slows a flow, so a rate below a prediction is no sign
+                     before_r: np.ndarray, best: np.ndarray) -> np.ndarray:
+    """Which flows of a round count between answer and rival: not one that one side, without
+    the round, predicted below its rate (which no busy host explains) and, raised by that
+    rate itself (``_raised``), predicts as measured, unless the rate also beats the other
+    side's prediction. A busy host only ever slows a flow, so a rate below a prediction is no sign
     against it, and a side fitted to the rate itself would win every such flow by the noise
     alone: on 2,3,4 with rack 1 behind a 400 Mbit/s uplink and rank 0 behind a 400 Mbit/s
     NIC, the racks built predicted 6->1 at 0.96 from the pairs, rank 1 alone at the 0.90 the
@@ -192,11 +192,16 @@ def _not_self_fitted(m: np.ndarray, pa: np.ndarray, pr: np.ndarray, before_a: np
     slowed by 7 %. The rate that beats the other side's prediction is the evidence a raised
     capacity is there for: on 2,1,2 with rack 0 behind a 400 Mbit/s uplink, 2->3 alone got
     1.0, above the merge's 0.93, where the pairs had read the uplink of the racks built at
-    0.56. ``m``, ``pa`` and ``pr`` are log-rates; ``before_*`` the rates without the round."""
-    tol = 1e-9
-    fitted_a = pa > np.log(np.maximum(before_a, 1e-6)) + tol
-    fitted_r = pr > np.log(np.maximum(before_r, 1e-6)) + tol
-    return ~((fitted_a & (m <= pr + tol)) | (fitted_r & (m <= pa + tol)))
+    0.56. A prediction the flow's rate raised only part of the way (the raised link shared
+    with another of the round's flows, or another link below it) still says something of its
+    own, and so does one that already reached the rate without the round. ``m``, ``pa`` and
+    ``pr`` are log-rates (``m`` each flow's corroborated rate); ``before_*`` the rates
+    without the round, ``best`` the flow's best run (what raised the link)."""
+    tol = 1e-3  # in log-rate: a tenth of a per cent, far below any difference a round tells
+    own = np.log(np.maximum(best, 1e-6))
+    fitted_a = (np.log(np.maximum(before_a, 1e-6)) < m - tol) & (np.abs(pa - own) < tol)
+    fitted_r = (np.log(np.maximum(before_r, 1e-6)) < m - tol) & (np.abs(pr - own) < tol)
+    return ~((fitted_a & (m <= pr)) | (fitted_r & (m <= pa)))
 
 
 def _judged_caps(plan: Design, labels: Sequence[int], read: dict[Any, float],
@@ -466,7 +471,7 @@ def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
     memo: dict[Any, float] = {}
     recap = None
     if plan.slow_nics is not None:  # the rounds' own flows show what a NIC carries, too
-        floor = max(plan.floor, nic_floor(best_runs, plan.answer))
+        floor = max(plan.floor, nic_floor([*history, *best_runs], plan.answer))
         if floor > plan.floor:
             recap = floor
     # each flow a telling round ran: a lower bound on every link of its path
@@ -499,11 +504,12 @@ def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
             if not len(runs) or not (runs > 0).all() or not (pa - pr).any():
                 continue
             m = np.log(rates_of[k])
-            keep = _not_self_fitted(m, pa, pr, predict(plan.answer, caps_of(plan.answer, plan.answer_caps[ceiling],
-                                                                             top, ceiling, ran_index[id(flows)]),
-                                                       flows),
-                                    predict(labels, caps_of(labels, plan.rival_caps[r], top, None, ran_index[id(flows)]),
-                                            flows))
+            j = ran_index[id(flows)]
+            keep = _not_self_fitted(m, pa, pr,
+                                    predict(plan.answer, caps_of(plan.answer, plan.answer_caps[ceiling], top, ceiling, j),
+                                            flows),
+                                    predict(labels, caps_of(labels, plan.rival_caps[r], top, None, j), flows),
+                                    best_runs[j][1])
             pa, pr, m = pa[keep], pr[keep], m[keep]
             norm = float(((pa - pr) ** 2).sum())
             if norm == 0:
