@@ -44,7 +44,8 @@ BACKENDS = ("torch", "mpi", "horovod")
 def _ephemeral_ports() -> tuple[int, int]:
     """The range the kernel hands out to outgoing connections (``ip_local_port_range``)."""
     try:
-        low, high = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
     except (OSError, ValueError):
         return 32768, 60999  # Linux's default
     return low, high

@@ -179,8 +179,12 @@ def _raised(labels: Sequence[int], caps: dict[Any, float], carried: Sequence[tup
     return raised
 
 
-def _not_self_fitted(m: np.ndarray, pa: np.ndarray, pr: np.ndarray, before_a: np.ndarray,
-                     before_r: np.ndarray, best: np.ndarray) -> np.ndarray:
+#: Log-rates this close are one: a tenth of a per cent, far below any difference a round tells.
+_SELF_FIT = 1e-3
+
+
+def _not_self_fitted(m: np.ndarray, pa: np.ndarray, pr: np.ndarray, best: np.ndarray, before_a: np.ndarray,
+                     before_r: np.ndarray) -> np.ndarray:
     """Which flows of a round count between answer and rival: not one that one side, without
     the round, predicted below its rate (which no busy host explains) and, raised by that
     rate itself (``_raised``), predicts as measured, unless the rate also beats the other
@@ -194,13 +198,11 @@ def _not_self_fitted(m: np.ndarray, pa: np.ndarray, pr: np.ndarray, before_a: np
     1.0, above the merge's 0.93, where the pairs had read the uplink of the racks built at
     0.56. A prediction the flow's rate raised only part of the way (the raised link shared
     with another of the round's flows, or another link below it) still says something of its
-    own, and so does one that already reached the rate without the round. ``m``, ``pa`` and
-    ``pr`` are log-rates (``m`` each flow's corroborated rate); ``before_*`` the rates
-    without the round, ``best`` the flow's best run (what raised the link)."""
-    tol = 1e-3  # in log-rate: a tenth of a per cent, far below any difference a round tells
-    own = np.log(np.maximum(best, 1e-6))
-    fitted_a = (np.log(np.maximum(before_a, 1e-6)) < m - tol) & (np.abs(pa - own) < tol)
-    fitted_r = (np.log(np.maximum(before_r, 1e-6)) < m - tol) & (np.abs(pr - own) < tol)
+    own, and so does one that already reached the rate without the round. All log-rates: ``m``
+    each flow's corroborated rate, ``best`` its best run (what raised the link), ``pa`` and
+    ``pr`` the two predictions, ``before_*`` the same without the round."""
+    fitted_a = (before_a < m - _SELF_FIT) & (np.abs(pa - best) < _SELF_FIT)
+    fitted_r = (before_r < m - _SELF_FIT) & (np.abs(pr - best) < _SELF_FIT)
     return ~((fitted_a & (m <= pr)) | (fitted_r & (m <= pa)))
 
 
@@ -475,42 +477,45 @@ def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
         if floor > plan.floor:
             recap = floor
     # each flow a telling round ran: a lower bound on every link of its path
-    own = [[([flow], rates[k:k + 1]) for k, flow in enumerate(flows)] for flows, rates in best_runs]
-    carried = [([flow], rates[k:k + 1]) for flows, rates in history for k, flow in enumerate(flows)] + sum(own, [])
-    answer_caps: dict[Any, dict[Any, float]] = {}  # the answer's, by ceiling (and by round left out)
+    earlier = [([flow], rates[i:i + 1]) for flows, rates in history for i, flow in enumerate(flows)]
+    own = {k: [([flow], runs.max(axis=0)[i:i + 1]) for i, flow in enumerate(plan.rounds[k])]
+           for k, runs in enumerate(runs_of) if len(runs)}
 
-    def caps_of(labels: Sequence[int], read: dict[Any, float], top: float, key: Any,
-                without: int | None = None) -> dict[Any, float]:
-        if labels == plan.answer and (key, without) in answer_caps:
-            return answer_caps[key, without]
-        lifted = carried if without is None else [c for c in carried if not any(c is o for o in own[without])]
-        caps = _judged_caps(plan, labels, read, observed, recap, top, lifted)
-        if labels == plan.answer:
-            answer_caps[key, without] = caps
-        return caps
+    def carried(without: int | None = None) -> list[tuple[list[Flow], np.ndarray]]:
+        """Every flow run so far, or all but round ``without``'s."""
+        return earlier + [c for k, flows in own.items() if k != without for c in flows]
 
-    ran_index = {id(flows): j for j, (flows, _) in enumerate(best_runs)}
+    def log_predict(labels: Sequence[int], caps: dict[Any, float], flows: list[Flow]) -> np.ndarray:
+        return np.log(np.maximum(predict(labels, caps, flows), 1e-6))
+
+    answer_caps: dict[tuple[float, int | None], dict[Any, float]] = {}  # by ceiling and round left out
+
+    def answer_at(ceiling: float, top: float, without: int | None = None) -> dict[Any, float]:
+        if (ceiling, without) not in answer_caps:
+            answer_caps[ceiling, without] = _judged_caps(plan, plan.answer, plan.answer_caps[ceiling], observed,
+                                                         recap, top, carried(without))
+        return answer_caps[ceiling, without]
+
     for r, ((labels, what), ceiling) in enumerate(zip(plan.rivals, plan.ceilings, strict=True)):
         top = ceiling if recap is None else max(ceiling, recap)
-        caps_a = caps_of(plan.answer, plan.answer_caps[ceiling], top, ceiling)
-        caps_r = caps_of(labels, plan.rival_caps[r], top, None)
+        caps_a = answer_at(ceiling, top)
+        caps_r = _judged_caps(plan, labels, plan.rival_caps[r], observed, recap, top, carried())
         zs: list[float | None] = []
         for k, flows in enumerate(plan.rounds):
             if r not in plan.told[k]:
                 continue
-            pa, pr = np.log(np.maximum(predict(plan.answer, caps_a, flows), 1e-6)), \
-                np.log(np.maximum(predict(labels, caps_r, flows), 1e-6))
+            pa, pr = log_predict(plan.answer, caps_a, flows), log_predict(labels, caps_r, flows)
             runs = runs_of[k]
             if not len(runs) or not (runs > 0).all() or not (pa - pr).any():
                 continue
-            m = np.log(rates_of[k])
-            j = ran_index[id(flows)]
-            keep = _not_self_fitted(m, pa, pr,
-                                    predict(plan.answer, caps_of(plan.answer, plan.answer_caps[ceiling], top, ceiling, j),
-                                            flows),
-                                    predict(labels, caps_of(labels, plan.rival_caps[r], top, None, j), flows),
-                                    best_runs[j][1])
-            pa, pr, m = pa[keep], pr[keep], m[keep]
+            m, best = np.log(rates_of[k]), np.log(runs.max(axis=0))
+            if (np.abs(pa - best) < _SELF_FIT).any() or (np.abs(pr - best) < _SELF_FIT).any():
+                # some flow predicted at its own best run: was it the round that raised it there?
+                keep = _not_self_fitted(
+                    m, pa, pr, best, log_predict(plan.answer, answer_at(ceiling, top, k), flows),
+                    log_predict(labels, _judged_caps(plan, labels, plan.rival_caps[r], observed, recap, top,
+                                                     carried(k)), flows))
+                pa, pr, m = pa[keep], pr[keep], m[keep]
             norm = float(((pa - pr) ** 2).sum())
             if norm == 0 or float(np.abs(pa - pr).max()) < math.log(RUN_AGAIN):
                 continue  # with what the rounds showed, the two predict alike: the round does not tell them
