@@ -605,6 +605,19 @@ def alternatives(plan: Design, verdict: Verdict | None) -> list[tuple[tuple[int,
     return out
 
 
+def untold_ties(plan: Design, tied: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
+    """The rivals in ``tied`` (those the step that took ``plan.answer`` found alike with it,
+    ``Verdict.tied``) that ``plan`` still has as rivals and runs no round to tell: the pairs'
+    flows do not rule them out, the rounds that took the answer explained them as well, and
+    no flow of this step tells them from it. Nothing the probe measured tells them apart,
+    so the workers they place elsewhere are unsure. A tied rival that is no longer a rival
+    (the pairs' flows rule it out) or that a round of this step tells is not among them."""
+    told = {plan.rivals[k][0] for ks in plan.told for k in ks}
+    rivals = {labels for labels, _ in plan.rivals}
+    return [labels for labels in dict.fromkeys(_canonical(lab) for lab in tied)
+            if labels in rivals and labels not in told]
+
+
 def standing_answers(racks: Sequence[int], standing: Sequence[tuple[Sequence[int], str]],
                      unsure: Sequence[int]) -> list[dict[str, Any]]:
     """The answers in ``standing`` (``alternatives``: labels and why) as the written

@@ -34,6 +34,7 @@ from dssync.topology.telling import (
     predict,
     standing_answers,
     unsteady,
+    untold_ties,
 )
 
 
@@ -608,3 +609,90 @@ def test_a_recorded_probe_names_the_racks_built_among_what_it_could_not_tell():
     assert tuple(layout.racks) in [labels for labels, _ in standing]
     said = standing_answers(case["racks"], standing, case["unsure"])
     assert [a["says"] for a in said] == ["worker 4 may be one rack with worker 3: no flow the probe could run tells them apart"]
+
+
+def test_a_tie_no_later_round_tells_leaves_the_workers_it_moves_unsure():
+    # Recorded on the emulated racks (v23 seed 1): 1,3,5 with rack 1's uplink loaded by
+    # another job, its worker 2 behind a 150 Mbit/s NIC, another job's flows at worker 6's
+    # NIC. The first step took worker 0 into a rack with worker 2, and its rounds explained
+    # both alone as well. The next step's rounds tell the new answer from other rivals, not
+    # from that one. The probe wrote worker 2 with worker 0, confident, and worker 2 is in
+    # rack 1: nothing it measured told that answer from the tie, so both workers are unsure.
+    case = json.loads((Path(__file__).parent / "data" / "emulated_probes.json").read_text())["untold_tie_steps"]
+    layout = Layout.from_spec(case["spec"])
+    passes = [([[tuple(f) for f in flows] for flows in rnd["rounds"]], np.array(rnd["gbps"])) for rnd in case["pair_rates"]]
+    observed = concurrent_flows(passes)
+    bw, queued = np.array(case["bandwidth_gbps"]), queued_ranks(np.array(case["latency_us"]))
+    movable = [i for i in range(len(layout.racks)) if i not in queued]
+    history, tied, plans, verdicts = [], [], [], []
+    for step in case["steps"][:2]:
+        flags = classify_contention(bw, step["racks"], queued=queued)
+        plan = design(step["racks"], observed, movable,
+                      avoid=[[i for i, r in enumerate(step["racks"]) if r == u["rack"]] for u in flags["uplinks"]],
+                      slow_nics=sorted({*(u["rank"] for u in flags["nics"]), *queued}), first=tied)
+        assert plan.rounds == [[tuple(f) for f in flows] for flows in step["rounds"]]  # the rounds the probe ran
+        verdict = judge(plan, observed, [[None if r is None else np.array(r) for r in run] for run in step["gbps"]],
+                        [], history)
+        history += verdict.ran
+        tied = verdict.tied
+        plans.append(plan)
+        verdicts.append(verdict)
+    taken, kept = verdicts
+    assert taken.racks == tuple(case["steps"][0]["taken"]) and not right(layout, list(taken.racks))
+    assert kept.racks is None  # the second step kept the wrong answer
+    left = untold_ties(plans[1], taken.tied)
+    assert left and all(labels in {lab for lab, _ in plans[1].rivals} for labels in left)
+    unsure = set().union(*(moved(taken.racks, labels) for labels in left))
+    assert unsure == {0, 2}  # the workers the tie places elsewhere: worker 2, misplaced, among them
+    # the tie stands beside the answer, with why, for the topology file and stderr
+    said = standing_answers(list(taken.racks), [(labels, "tied") for labels in left], sorted(unsure))
+    assert said and all(WHY["tied"] in a["says"] for a in said)
+
+
+def test_untold_ties_are_the_ties_the_rounds_have_as_rivals_and_do_not_run():
+    plan = telling.Design(answer=(0, 0, 1, 1), rounds=[[(0, 2), (1, 3)]],
+                          rivals=[((0, 1, 2, 2), {}), ((0, 0, 1, 2), {}), ((0, 1, 1, 1), {})], told=[[0]])
+    # told by the round; a rival no round runs; no rival at all (the pairs rule it out);
+    # one told, given in another numbering of the same racks
+    ties = [(0, 1, 2, 2), (0, 0, 1, 2), (0, 1, 0, 1), (1, 0, 2, 2), (3, 3, 4, 5)]
+    assert untold_ties(plan, ties) == [(0, 0, 1, 2)]
+    assert untold_ties(plan, []) == []
+
+
+def test_the_probe_s_steps_leave_a_tie_no_later_round_told_unsure_and_standing(monkeypatch):
+    # The same recorded 1,3,5 through the probe's own steps (``_tell``) on one rank, each
+    # round's rates the ones recorded: the written answer is the recorded one, and workers 0
+    # and 2 are unsure with the tie standing beside it, where the probe wrote them confident.
+    from dssync.probing import probe
+    from dssync.topology.placement import RackFit, reassess_blind
+
+    case = json.loads((Path(__file__).parent / "data" / "emulated_probes.json").read_text())["untold_tie_steps"]
+    raw = [([[tuple(f) for f in flows] for flows in rnd["rounds"]], np.array(rnd["gbps"])) for rnd in case["pair_rates"]]
+    bw, latency = np.array(case["bandwidth_gbps"]), np.array(case["latency_us"])
+    runs = iter([(step["rounds"][k], rates) for step in case["steps"] for run in step["gbps"]
+                 for k, rates in enumerate(run) if rates is not None])
+
+    def phase(comm, link, flows, cfg, what):
+        want, rates = next(runs)
+        assert [list(f) for f in flows] == want  # the round the probe ran next
+        return dict(zip(flows, rates, strict=True)), {}
+
+    class OneRank:
+        rank, world_size = 0, 9
+
+        def allgather_object(self, obj):
+            return [obj]
+
+        def barrier(self):
+            pass
+
+    monkeypatch.setattr(probe, "_phase", phase)
+    fit = RackFit(n=9, groups=[[0, 4, 5, 6, 7, 8], [1, 3]], blind=[2], candidates={2: [0, 1]}, metric="bandwidth")
+    assert fit.racks() == case["steps"][0]["racks"]
+    hosts = [f"w{i}" for i in range(9)]
+    steps, standing = probe._tell(OneRank(), None, probe.ProbeConfig(), fit, raw,
+                                  lambda f: reassess_blind(f, bw, latency, hosts), bw, queued_ranks(latency), hosts)
+    assert [s["taken"] for s in steps] == [s["taken"] for s in case["steps"]]  # the steps as the probe took them
+    assert fit.racks() == case["steps"][0]["taken"]
+    assert {0, 2} <= fit.unexplained
+    assert (tuple(case["steps"][0]["tied"][0]), "tied") in standing
