@@ -146,6 +146,50 @@ def _rule_out_by_queue(fit: RackFit, lat: np.ndarray, clear_us: float) -> None:
                 fit.evidence[j] = "latency: its pings to group(s) " + ", ".join(map(str, waits)) + " wait in a queue"
 
 
+def _rack_behind_queue(fit: RackFit, bw: np.ndarray, lat: np.ndarray, clear_us: float) -> None:
+    """Blind ranks placed behind a standing queue their pings and flows show.
+
+    Ranks whose pings to each other are clear (at most ``clear_us``), and to every other
+    rank wait, share a side of a queue: an island of clear pings, which no round trip
+    leaves without waiting. Which side the queue sits on, pings cannot say (a round trip
+    crosses it either way), but the flows can: another job's streams out of a rack leave
+    its own flows out below half of what they get in (``CROSS_RATIO``, the median over the
+    ranks outside each way: now and then one flow meets a lull in that job's streams),
+    where a queue on the far side slows them in. So where some rank of the island sends out
+    at below half of what it takes in, the queue is the island's uplink and the island is
+    one rack: its blind ranks join the one group in it, or, where it holds no group, are a
+    rack of their own. (A rack of two behind another job's streams, one of them behind a
+    slow NIC: both blind, the pairs left each a rack of its own, and the pings between them
+    are as clear as inside any rack.) An island holding part of a group, or several, is
+    left alone; ranks behind a queue at their own NIC wait to each other too. A pair's ping
+    is its faster leader's (a busy host only ever delays one).
+    """
+    sym = np.minimum(lat, lat.T)
+    near = sym <= clear_us
+    np.fill_diagonal(near, False)
+    count, island = connected_components(near, directed=False)
+    unplaced = set(fit.unplaced)
+    for c in range(count):
+        members = [i for i in range(fit.n) if island[i] == c]
+        homeless = sorted(unplaced & set(members))
+        outside = [k for k in range(fit.n) if island[k] != c]
+        if len(members) < 2 or not homeless or not outside:
+            continue
+        groups = [g for g, grp in enumerate(fit.groups) if set(grp) & set(members)]
+        if len(groups) > 1 or any(not set(fit.groups[g]) <= set(members) for g in groups):
+            continue
+        if not any(np.median(bw[i, outside]) < CROSS_RATIO * np.median(bw[outside, i]) for i in members):
+            continue
+        if not groups:
+            fit.groups.append(homeless)
+            groups = [len(fit.groups) - 1]
+        for j in homeless:
+            fit.placed[j] = groups[0]
+            fit.evidence[j] = ("its pings wait to every rank but ranks "
+                               + ", ".join(str(m) for m in members if m != j)
+                               + ", which send out below half of what they take in: one rack behind its uplink's queue")
+
+
 def place_behind_standing_queue(fit: RackFit, latency_us: Any, clear_us: float, slow_groups: Sequence[int]) -> RackFit:
     """Place a blind rank behind its rack's standing queue: another job's flows that keep
     group ``g``'s uplink busy (``slow_groups``: the flows found that uplink slow) hold every
@@ -267,6 +311,7 @@ def reassess_blind(fit: RackFit, bandwidth_gbps: Any, latency_us: Any, hosts: Se
     lat = np.asarray(latency_us, dtype=float)
     _rule_out(fit, _square("bandwidth_gbps", bandwidth_gbps), hosts)
     _rule_out_by_queue(fit, lat, clear_latency(lat))
+    _rack_behind_queue(fit, _square("bandwidth_gbps", bandwidth_gbps), lat, clear_latency(lat))
     return fit
 
 

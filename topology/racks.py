@@ -24,7 +24,7 @@ from dssync.topology.matrices import (
     clear_latency,
     queued_ranks,
 )
-from dssync.topology.placement import RackFit, _place_by_latency, _rule_out, _rule_out_by_queue
+from dssync.topology.placement import RackFit, _place_by_latency, _rack_behind_queue, _rule_out, _rule_out_by_queue
 
 
 def blind_ranks(bandwidth_gbps: Any, slow_ratio: float = DEFAULT_SLOW_RATIO) -> list[int]:
@@ -169,6 +169,7 @@ def fit_racks(
     if bw is not None and blind:
         _rule_out(fit, bw, hosts)
         _rule_out_by_queue(fit, lat, clear_us)
+        _rack_behind_queue(fit, bw, lat, clear_us)
         by_latency = [(c[1], labels) for c, labels in informative if c[0] == "latency"]
         if metric == "bandwidth" and by_latency:
             _place_by_latency(fit, dict(zip(*by_latency[0], strict=True)), lat, clear_us)
