@@ -23,11 +23,11 @@ record() {  # NAME ARGS...: the record NAME.json and its console output NAME.txt
 }
 for s in ${SEEDS:-0 1 2 16w}; do
     if [[ $s == 2q ]]; then
-        record probe-layouts-v23-seed2-quarter --count 20 --seed 2 --rate-scale 0.25
+        record probe-layouts-v24-seed2-quarter --count 20 --seed 2 --rate-scale 0.25
     elif [[ $s == 16w ]]; then
-        record probe-layouts-v23-16w --count 5 --seed 16 --min-workers 16 --max-workers 16
+        record probe-layouts-v24-16w --count 5 --seed 16 --min-workers 16 --max-workers 16
     else
-        record "probe-layouts-v23-seed$s" --count 20 --seed "$s"
+        record "probe-layouts-v24-seed$s" --count 20 --seed "$s"
     fi
 done
 exit $failed
