@@ -38,11 +38,26 @@ def congestion_control() -> str | None:
         return None
 
 
+def cpu_model() -> str | None:
+    """The processor's model name (``/proc/cpuinfo``), ``None`` where unreadable: machines
+    of one size differ in speed, and the emulated cluster's timings and busy-host noise with
+    them."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return None
+
+
 def provenance(argv: list[str] | None = None) -> dict[str, Any]:
     """The commit of the installed checkout (``None`` outside one; ``dirty`` when files it
     tracks, outside ``bench/results/``, differ from it), the command as typed (``dssync`` and
-    its arguments), the UTC date, the machine's cores (those this process may run on) and
-    Python, and its TCP congestion control (``None`` where unreadable): the emulated
+    its arguments), the UTC date, the machine's cores (those this process may run on), its
+    processor's model and Python, and its TCP congestion control (``None`` where unreadable): the emulated
     cluster's namespaces take the machine's, and how a flow through another job's queue
     fares depends on it (``results/busy-ingress.json``)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -62,6 +77,7 @@ def provenance(argv: list[str] | None = None) -> dict[str, Any]:
         "command": shlex.join(["dssync", *argv]),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "cores": len(os.sched_getaffinity(0)),
+        "cpu": cpu_model(),
         "python": sys.version.split()[0],
         "tcp_congestion_control": congestion_control(),
         "dssync": dssync_version,

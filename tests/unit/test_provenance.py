@@ -20,6 +20,9 @@ def test_provenance_names_this_checkouts_commit_the_command_and_the_cores():
         assert prov["commit"] == head.stdout.strip()
     assert prov["command"] == "dssync bench compare --scenario static,inter-rack --strategies ddp,local-sgd:period=4"
     assert prov["cores"] == len(os.sched_getaffinity(0))
+    with open("/proc/cpuinfo") as f:  # the processor, whose speed the emulated timings depend on
+        models = {line.split(":", 1)[1].strip() for line in f if line.split(":", 1)[0].strip() == "model name"}
+    assert prov["cpu"] in models
     with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:  # what the emulated hosts' TCP runs
         assert prov["tcp_congestion_control"] == f.read().strip()
     when = datetime.datetime.fromisoformat(prov["date"])
