@@ -24,7 +24,13 @@ from dssync.topology.matrices import (
     clear_latency,
     queued_ranks,
 )
-from dssync.topology.placement import RackFit, _place_by_latency, _rack_behind_queue, _rule_out, _rule_out_by_queue
+from dssync.topology.placement import (
+    RackFit,
+    _place_by_latency,
+    _rack_behind_queue,
+    _rule_out,
+    _rule_out_by_queue,
+)
 
 
 def blind_ranks(bandwidth_gbps: Any, slow_ratio: float = DEFAULT_SLOW_RATIO) -> list[int]:
