@@ -308,10 +308,11 @@ def reassess_blind(fit: RackFit, bandwidth_gbps: Any, latency_us: Any, hosts: Se
         fit.candidates.pop(j, None)
         fit.evidence.pop(j, None)
     fit.tentative -= blind
-    lat = np.asarray(latency_us, dtype=float)
-    _rule_out(fit, _square("bandwidth_gbps", bandwidth_gbps), hosts)
-    _rule_out_by_queue(fit, lat, clear_latency(lat))
-    _rack_behind_queue(fit, _square("bandwidth_gbps", bandwidth_gbps), lat, clear_latency(lat))
+    lat, bw = np.asarray(latency_us, dtype=float), _square("bandwidth_gbps", bandwidth_gbps)
+    clear_us = clear_latency(lat)
+    _rule_out(fit, bw, hosts)
+    _rule_out_by_queue(fit, lat, clear_us)
+    _rack_behind_queue(fit, bw, lat, clear_us)
     return fit
 
 

@@ -240,7 +240,7 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
     steps: list[dict[str, Any]] = []
     moved: set[int] = set()
     last: tuple[Any, Any] | None = None  # the last step's design and verdict (rank 0)
-    left: list[tuple[tuple[int, ...], list[int]]] = []  # ties no later round told: labels, ranks moved (rank 0)
+    left: list[tuple[int, ...]] = []  # ties of the answer that no later round told (rank 0)
     for step_no in range(TELL_STEPS):
         # blind ranks too: their flows are slow, but they still take their share of an uplink;
         # not a rank behind another job's queue at its NIC, whose rates are that job's to set
@@ -258,7 +258,7 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
         if not rounds:
             if plan is not None:
                 last = (plan, None)
-                left = _left_tied(plan, tied)
+                left = untold_ties(plan, tied)
             break
         measured: list[list[np.ndarray | None]] = []
         again = list(range(len(rounds)))
@@ -291,7 +291,7 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
                     step["taken"] = None
             else:
                 fit.unexplained |= verdict.doubted
-                left += _left_tied(plan, tied)
+                left += untold_ties(plan, tied)
                 judged += told
                 tied = []
                 moved = set()
@@ -306,16 +306,9 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
             break  # kept against every rival a round could tell (a next step tells those that found no room)
     fit.unexplained |= moved  # the last step moved them and no round confirmed it
     standing, left = comm.allgather_object((alternatives(*last) if last is not None else [], left))[0]  # rank 0's
-    for _, ranks in left:
-        fit.unexplained |= set(ranks)
-    return steps, [*((labels, "tied") for labels, _ in left), *standing]
-
-
-def _left_tied(plan: Any, tied: Sequence[Sequence[int]]) -> list[tuple[tuple[int, ...], list[int]]]:
-    """The ties of the step that took ``plan.answer`` that ``plan``'s rounds do not tell
-    (``untold_ties``), each with the ranks it places elsewhere: nothing measured tells
-    those ranks' racks, so they are unsure, and the tie stands beside the answer."""
-    return [(labels, sorted(moved_ranks(plan.answer, labels))) for labels in untold_ties(plan, tied)]
+    for labels in left:  # nothing measured told these ranks' racks: unsure, and the tie stands beside the answer
+        fit.unexplained |= moved_ranks(fit.racks(), labels)
+    return steps, [*((labels, "tied") for labels in left), *standing]
 
 
 def _aggregates(phases: list[dict[str, Any]], racks: list[int]) -> list[float] | None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dssync.bench.simcheck import scaled_rates
 from dssync.launch import emulate
 
 pytestmark = pytest.mark.emulate
@@ -53,8 +54,8 @@ def test_probe_finds_the_racks_and_exactly_the_contended_links(case, name, tmp_p
     if isinstance(layout, str):
         spec = emulate.SCENARIOS[layout]
         sizes, flows = spec["rack_sizes"], [*spec["flows"], *flows]
-        scale = STATIC_SCALE if case == "static" else 1.0
-        rates = {key: emulate.format_rate(round(emulate.parse_rate(spec[key]) * scale)) for key in ("nic", "uplink")}
+        nic, uplink = scaled_rates(layout, STATIC_SCALE if case == "static" else 1.0)
+        rates = {"nic": nic, "uplink": uplink}
     else:
         sizes, rates = layout, {}
     out = tmp_path / "topology.json"
