@@ -23,6 +23,7 @@ network: it is never to be flagged.
 from __future__ import annotations
 
 import random
+import re
 import statistics
 import subprocess
 import tempfile
@@ -68,6 +69,41 @@ class Layout:
                    slow_nics={int(k): v for k, v in spec.get("slow_nics", {}).items()},
                    uplink_flows=tuple(spec.get("uplink_flows", ())), nic_flows=tuple(spec.get("nic_flows", ())),
                    busy_cpus=tuple(spec.get("busy_cpus", ())))
+
+    @classmethod
+    def parse(cls, text: str) -> Layout:
+        """The layout ``describe`` writes as ``text`` (``2,2 uplink1=400mbit nic3=200mbit
+        rack:0 nic:2 cpu:1``): rack sizes first, then each slower link, background flow and
+        busy host; ``ValueError`` naming the part it cannot read, or a rack or rank the
+        sizes do not have."""
+        from dssync.launch.emulate import parse_rate
+
+        parts = text.split()
+        if not parts or not re.fullmatch(r"[1-9]\d*(,[1-9]\d*)*", parts[0]):
+            raise ValueError(f"cannot read layout {text!r}: it starts with the rack sizes, e.g. '2,2 rack:0'")
+        sizes = tuple(int(x) for x in parts[0].split(","))
+        n = sum(sizes)
+        fields: dict[str, Any] = {"slow_uplinks": {}, "slow_nics": {}, "uplink_flows": [], "nic_flows": [],
+                                  "busy_cpus": []}
+        for part in parts[1:]:
+            m = re.fullmatch(r"(uplink|nic)(\d+)=(\S+)|(rack|nic|cpu):(\d+)", part)
+            if not m:
+                raise ValueError(f"cannot read {part!r} of layout {text!r}; write uplinkR=RATE, nicI=RATE, "
+                                 "rack:R, nic:I or cpu:I")
+            kind, index = (m.group(1), int(m.group(2))) if m.group(1) else (m.group(4), int(m.group(5)))
+            limit = len(sizes) if kind in ("uplink", "rack") else n
+            if index >= limit:
+                raise ValueError(f"{part!r} of layout {text!r}: {'racks' if limit == len(sizes) else 'ranks'} "
+                                 f"are 0..{limit - 1}")
+            if m.group(1):
+                try:  # a rate emulate cannot build is an error here, not at build time
+                    parse_rate(m.group(3))
+                except ValueError as error:
+                    raise ValueError(f"{part!r} of layout {text!r}: {error}") from error
+                fields["slow_uplinks" if kind == "uplink" else "slow_nics"][index] = m.group(3)
+            else:
+                fields[{"rack": "uplink_flows", "nic": "nic_flows", "cpu": "busy_cpus"}[kind]].append(index)
+        return cls(rack_sizes=sizes, **{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
     @property
     def racks(self) -> list[int]:

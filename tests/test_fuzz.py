@@ -357,6 +357,8 @@ BAD_FLAGS = {
     "bench probe-layouts --max-workers 1": ["bench", "probe-layouts", "--max-workers", "1"],
     "bench probe-layouts --rate-scale 0": ["bench", "probe-layouts", "--rate-scale", "0"],
     "bench probe-layouts --rate-scale 2": ["bench", "probe-layouts", "--rate-scale", "2"],
+    "bench probe-layouts --layout a rack it lacks": ["bench", "probe-layouts", "--layout", "2,2 rack:2"],
+    "bench probe-layouts --layout unreadable": ["bench", "probe-layouts", "--layout", "two racks"],
     "bench nothing": ["bench"],
     "bench nope": ["bench", "nope"],
     "emulate up --rack-sizes 0": ["emulate", "up", "--rack-sizes", "0"],

@@ -1,5 +1,7 @@
 """The layout generator and the fluid model that decides when two rack answers are the same network."""
 
+import re
+
 import pytest
 
 from dssync.bench.probe_layouts import (
@@ -82,6 +84,25 @@ def test_kinds_name_what_a_layout_holds():
     assert kinds(Layout((3, 3), slow_uplinks={0: "300mbit"}, busy_cpus=(1,))) == ["slow_uplink", "busy_cpu"]
     assert kinds(Layout((5, 3), slow_nics={1: "150mbit"}, uplink_flows=(1,))) == ["unequal_racks_slow_nic_busy_uplink"]
     assert Layout((2, 2), busy_cpus=(0, 3)).describe() == "2,2 cpu:0 cpu:3"
+
+
+@pytest.mark.parametrize("seed", [0, 7, 20261130])
+def test_a_layout_reads_back_from_the_text_the_table_writes(seed):
+    # every kind the generator draws, on seeds the records do not use
+    for layout in generate(40, seed):
+        assert Layout.parse(layout.describe()) == layout, layout.describe()
+    assert Layout.parse("3,1 uplink1=400mbit nic0=150mbit rack:0 nic:2 cpu:3 cpu:1") == Layout(
+        (3, 1), slow_uplinks={1: "400mbit"}, slow_nics={0: "150mbit"}, uplink_flows=(0,), nic_flows=(2,),
+        busy_cpus=(3, 1))
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("", "starts with the rack sizes"), ("2,0 rack:0", "starts with the rack sizes"),
+    ("2,2 racks:0", "'racks:0'"), ("2,2 rack:2", "racks are 0..1"), ("2,2 cpu:4", "ranks are 0..3"),
+    ("2,2 uplink0=fast", "'uplink0=fast'")])
+def test_a_layout_that_cannot_be_read_says_which_part(text, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        Layout.parse(text)
 
 
 def _topology(racks, uplinks=(), nics=(), confident=True):

@@ -21,10 +21,15 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
                         "each one, run `dssync probe` on it and score its answer against what was built: "
                         "exact (racks and flags), or the same network (every pattern of the job's flows "
                         "gets the same max-min fair rates within 5%).")
-    g.add_argument("--count", type=positive_int, default=20, help="layouts to probe (default %(default)s)")
+    g.add_argument("--count", type=positive_int, default=20,
+                   help="layouts to probe, or runs of --layout (default %(default)s)")
     g.add_argument("--seed", type=int, default=0, help="seed of the layout generator (default %(default)s)")
     g.add_argument("--max-workers", type=positive_int, default=9, help="largest world drawn (default %(default)s)")
     g.add_argument("--min-workers", type=positive_int, default=4, help="smallest world drawn (default %(default)s)")
+    g.add_argument("--layout", type=_layout, metavar="TEXT",
+                   help="probe this one layout COUNT times instead of drawing, written as the table writes "
+                   "layouts (e.g. '2,2 rack:0 cpu:1': racks of two, another job's flows leaving rack 0, "
+                   "worker 1's host busy): how often the probe is right on one network")
     g.add_argument("--probe-args", default="", metavar="ARGS",
                    help="extra `dssync probe` options, one string (e.g. '--bandwidth-seconds 0.5')")
     g.add_argument("--rate-scale", type=_scale, default=1.0, metavar="F",
@@ -43,6 +48,15 @@ def _scale(text: str) -> float:
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"a rate scale is in (0, 1], got {text}")
     return value
+
+
+def _layout(text: str):
+    from dssync.bench.probe_layouts import Layout
+
+    try:
+        return Layout.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
 
 
 def run_probe_layouts(args: argparse.Namespace) -> int:
@@ -68,13 +82,16 @@ def run_probe_layouts(args: argparse.Namespace) -> int:
         seed = re.search(r"--seed (\S+)", earlier.get("command", ""))
         args.seed = seed.group(1) if seed else "?"
     else:
-        layouts = generate(args.count, args.seed, max_workers=args.max_workers, min_workers=args.min_workers)
+        layouts = ([args.layout] * args.count if args.layout is not None else
+                   generate(args.count, args.seed, max_workers=args.max_workers, min_workers=args.min_workers))
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("probing layouts", total=len(layouts))
             result = run_layouts(layouts, probe_args=shlex.split(args.probe_args), rate_scale=args.rate_scale,
                                  report=lambda row: progress.advance(task))
     layouts = result["rows"]
-    table = Table(title=f"dssync probe on {len(layouts)} random layouts (seed {args.seed})")
+    table = Table(title=f"dssync probe on {len(layouts)} random layouts (seed {args.seed})"
+                  if getattr(args, "layout", None) is None else
+                  f"dssync probe, {len(layouts)} runs on {args.layout.describe()}")
     for col in ("#", "layout", "answer", "racks", "uplinks found/true", "NICs found/true", "unplaced", "probe s",
                 "whole s"):
         table.add_column(col, justify="right" if col in ("#", "probe s", "whole s") else "left")
@@ -114,6 +131,8 @@ def run_probe_layouts(args: argparse.Namespace) -> int:
     if args.json:
         command = (f"dssync bench probe-layouts --count {args.count} --seed {args.seed} --max-workers {args.max_workers}"
                    f" --min-workers {args.min_workers}")
+        if args.layout is not None:
+            command = f"dssync bench probe-layouts --count {args.count} --layout '{args.layout.describe()}'"
         if args.rate_scale != 1:
             command += f" --rate-scale {args.rate_scale}"
         if args.rescore:
