@@ -22,13 +22,14 @@ network: it is never to be flagged.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -439,14 +440,11 @@ class ProbeFailedError(RuntimeError):
     written), not the emulated cluster around it."""
 
 
-def probe_layout(layout: Layout, *, name: str, probe_args: Sequence[str] = (),
-                 timeout_s: float = 300.0, rate_scale: float = 1.0) -> dict[str, Any]:
-    """Build ``layout``, put its contention on, run ``dssync emulate run -- dssync probe``, and
-    return the topology.json it wrote, with ``whole_seconds``: the wall time of that whole
-    command as a user waits for it (start-up, rendezvous, every phase, the file written).
-    Every rate of the layout (NICs, uplinks, the slower ones) is built at ``rate_scale`` of
-    its value: the layout's ratios, which decide its racks and flags, stay as drawn.
-    The cluster is removed however this ends."""
+@contextlib.contextmanager
+def built(layout: Layout, *, name: str, rate_scale: float = 1.0) -> Iterator[None]:
+    """``layout`` built as emulated cluster ``name``, its contention on, every rate (NICs,
+    uplinks, the slower ones) at ``rate_scale`` of its value: the layout's ratios, which
+    decide its racks and flags, stay as drawn. The cluster is removed however this ends."""
     from dssync.launch import emulate
 
     if not 0 < rate_scale <= 1:
@@ -455,8 +453,7 @@ def probe_layout(layout: Layout, *, name: str, probe_args: Sequence[str] = (),
     def scaled(rate: str) -> str:
         return emulate.format_rate(round(emulate.parse_rate(rate) * rate_scale))
 
-    with emulate.cluster(list(layout.rack_sizes), nic=scaled("1gbit"), uplink=scaled("1gbit"), name=name), \
-            tempfile.TemporaryDirectory() as tmp:
+    with emulate.cluster(list(layout.rack_sizes), nic=scaled("1gbit"), uplink=scaled("1gbit"), name=name):
         for rack, rate in layout.slow_uplinks.items():
             emulate.contend(name=name, rack=rack, uplink=scaled(rate))
         for rank, rate in layout.slow_nics.items():
@@ -467,6 +464,16 @@ def probe_layout(layout: Layout, *, name: str, probe_args: Sequence[str] = (),
             emulate.contend(name=name, flows=[("nic", i) for i in layout.nic_flows], streams=NIC_FLOW_STREAMS)
         if layout.busy_cpus:  # last: the flows above start on idle cores
             emulate.contend(name=name, flows=[("cpu", i) for i in layout.busy_cpus])
+        yield
+
+
+def probe_built(*, name: str, probe_args: Sequence[str] = (), timeout_s: float = 300.0) -> dict[str, Any]:
+    """Run ``dssync emulate run -- dssync probe`` on the built cluster ``name`` and return the
+    topology.json it wrote, with ``whole_seconds``: the wall time of that whole command as a
+    user waits for it (start-up, rendezvous, every phase, the file written)."""
+    from dssync.launch import emulate
+
+    with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "topology.json"
         started = time.perf_counter()
         try:
@@ -475,6 +482,13 @@ def probe_layout(layout: Layout, *, name: str, probe_args: Sequence[str] = (),
             raise ProbeFailedError(str(error)) from error
         topology["whole_seconds"] = round(time.perf_counter() - started, 2)
         return topology
+
+
+def probe_layout(layout: Layout, *, name: str, probe_args: Sequence[str] = (),
+                 timeout_s: float = 300.0, rate_scale: float = 1.0) -> dict[str, Any]:
+    """Build ``layout`` (``built``), probe it once (``probe_built``), and remove it."""
+    with built(layout, name=name, rate_scale=rate_scale):
+        return probe_built(name=name, probe_args=probe_args, timeout_s=timeout_s)
 
 
 def rescore(record: dict[str, Any]) -> dict[str, Any]:
@@ -487,24 +501,37 @@ def rescore(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_layouts(layouts: Sequence[Layout], *, name: str = "pbl", probe_args: Sequence[str] = (),
-                rate_scale: float = 1.0,
-                report: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                rate_scale: float = 1.0, report: Callable[[dict[str, Any]], None] | None = None,
+                built_once: bool = False) -> dict[str, Any]:
     """Probe every layout in turn; the scored rows, the summary and the raw topologies. A
     layout whose probe failed (``ProbeFailedError``) is a ``failed`` row (not right) with no
     topology, and the others are still probed: one worker's crash is a finding of the sweep,
-    not the end of it."""
+    not the end of it. ``built_once`` (every layout the same): build it once and probe it
+    again and again, its contention running throughout, as a user probes a cluster that
+    stays up, instead of building it anew for each probe."""
     rows, raw = [], []
     started = time.time()
-    for layout in layouts:
-        try:
-            topology = probe_layout(layout, name=name, probe_args=probe_args, rate_scale=rate_scale)
-        except ProbeFailedError as error:
-            topology, row = None, failed(layout, str(error))
-        else:
-            row = score(layout, topology)
-        rows.append(row)
-        raw.append(topology)
-        if report is not None:
-            report(row)
+    if built_once and any(lay != layouts[0] for lay in layouts):
+        raise ValueError("built_once probes one layout again and again; these are several")
+    with built(layouts[0], name=name, rate_scale=rate_scale) if built_once and layouts else contextlib.nullcontext():
+        for layout in layouts:
+            _probe_into(layout, rows, raw, report, lambda lay: probe_built(name=name, probe_args=probe_args)
+                        if built_once else probe_layout(lay, name=name, probe_args=probe_args, rate_scale=rate_scale))
     return {"rows": rows, "summary": summarize(rows), "topologies": raw,
             "wall_seconds": round(time.time() - started, 1)}
+
+
+def _probe_into(layout: Layout, rows: list[dict[str, Any]], raw: list[Any],
+                report: Callable[[dict[str, Any]], None] | None,
+                probe: Callable[[Layout], dict[str, Any]]) -> None:
+    """One probe of ``layout`` scored into ``rows`` and ``raw`` (a failed probe, a ``failed`` row)."""
+    try:
+        topology = probe(layout)
+    except ProbeFailedError as error:
+        topology, row = None, failed(layout, str(error))
+    else:
+        row = score(layout, topology)
+    rows.append(row)
+    raw.append(topology)
+    if report is not None:
+        report(row)

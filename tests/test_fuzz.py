@@ -359,6 +359,7 @@ BAD_FLAGS = {
     "bench probe-layouts --rate-scale 2": ["bench", "probe-layouts", "--rate-scale", "2"],
     "bench probe-layouts --layout a rack it lacks": ["bench", "probe-layouts", "--layout", "2,2 rack:2"],
     "bench probe-layouts --layout unreadable": ["bench", "probe-layouts", "--layout", "two racks"],
+    "bench probe-layouts --built-once without --layout": ["bench", "probe-layouts", "--built-once"],
     "bench nothing": ["bench"],
     "bench nope": ["bench", "nope"],
     "emulate up --rack-sizes 0": ["emulate", "up", "--rack-sizes", "0"],

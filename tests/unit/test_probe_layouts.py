@@ -193,3 +193,34 @@ def test_a_layout_whose_probe_failed_is_a_row_of_the_sweep_and_the_others_still_
     assert main(["bench", "probe-layouts", "--rescore", str(record)]) == 1
     out = capsys.readouterr().out
     assert "FAILED" in out and "a peer hung up" in out and "1 of 3 probes FAILED" in out
+
+
+def test_one_layout_built_once_is_probed_again_and_again_on_the_same_cluster(monkeypatch):
+    import contextlib
+
+    from dssync.bench import probe_layouts
+
+    layout = Layout((2, 2), uplink_flows=(0,))
+    events = []
+
+    @contextlib.contextmanager
+    def built(lay, **_):
+        events.append(("up", lay))
+        yield
+        events.append(("down", lay))
+
+    def probe_built(**_):
+        events.append(("probe",))
+        if len(events) == 3:
+            raise ProbeFailedError("dssync probe failed (exit 1): [w1] timed out")
+        return _topology([0, 1, 1, 1], uplinks=[1], confident=True)
+
+    monkeypatch.setattr(probe_layouts, "built", built)
+    monkeypatch.setattr(probe_layouts, "probe_built", probe_built)
+    result = probe_layouts.run_layouts([layout] * 3, built_once=True)
+    assert events == [("up", layout), ("probe",), ("probe",), ("probe",), ("down", layout)]
+    rows = result["rows"]
+    assert "timed out" in rows[1]["failed"] and result["topologies"][1] is None  # the others still probed
+    assert result["summary"]["wrong_confident"] == 2 and result["summary"]["failed"] == 1
+    with pytest.raises(ValueError, match="one layout"):
+        probe_layouts.run_layouts([layout, Layout((2, 2))], built_once=True)

@@ -30,6 +30,9 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
                    help="probe this one layout COUNT times instead of drawing, written as the table writes "
                    "layouts (e.g. '2,2 rack:0 cpu:1': racks of two, another job's flows leaving rack 0, "
                    "worker 1's host busy): how often the probe is right on one network")
+    g.add_argument("--built-once", action="store_true",
+                   help="with --layout: build it once and probe it COUNT times, its contention running "
+                   "throughout, as a user probes a cluster that stays up (default: built anew for each probe)")
     g.add_argument("--probe-args", default="", metavar="ARGS",
                    help="extra `dssync probe` options, one string (e.g. '--bandwidth-seconds 0.5')")
     g.add_argument("--rate-scale", type=_scale, default=1.0, metavar="F",
@@ -68,6 +71,8 @@ def run_probe_layouts(args: argparse.Namespace) -> int:
 
     from dssync.bench.probe_layouts import generate, run_layouts
 
+    if args.built_once and args.layout is None:
+        raise ValueError("--built-once probes one --layout again and again; give --layout")
     console = Console()
     measured = None
     if args.rescore:
@@ -87,7 +92,7 @@ def run_probe_layouts(args: argparse.Namespace) -> int:
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("probing layouts", total=len(layouts))
             result = run_layouts(layouts, probe_args=shlex.split(args.probe_args), rate_scale=args.rate_scale,
-                                 report=lambda row: progress.advance(task))
+                                 report=lambda row: progress.advance(task), built_once=args.built_once)
     layouts = result["rows"]
     table = Table(title=f"dssync probe on {len(layouts)} random layouts (seed {args.seed})"
                   if getattr(args, "layout", None) is None else
@@ -133,6 +138,7 @@ def run_probe_layouts(args: argparse.Namespace) -> int:
                    f" --min-workers {args.min_workers}")
         if args.layout is not None:
             command = f"dssync bench probe-layouts --count {args.count} --layout '{args.layout.describe()}'"
+            command += " --built-once" if args.built_once else ""
         if args.rate_scale != 1:
             command += f" --rate-scale {args.rate_scale}"
         if args.rescore:
