@@ -150,13 +150,14 @@ def test_the_fan_recheck_sees_another_jobs_queue_at_a_nic_and_none_on_a_clear_pa
     assert pings["queued"] > DELAY_RATIO * pings["clear"], pings
 
 
-#: NICs and uplinks of the launcher test, a quarter of 1 Gbit/s as ``STATIC_SCALE``: at
-#: 1 Gbit/s, with another job's two streams leaving rack 0 and the probe's own flows on two
-#: slower cores, the flow inside rack 0 ran at 0.36-0.61 Gbit/s in every run of a telling
-#: round while the one inside rack 1 ran at 0.65-0.87: the hosts' CPUs, not the network
-#: built, slowed the rack the other job loads, and the torch probe took rack 0 for two racks
-#: of one, confident, in 2 of 20 runs with a third core's worth of work beside it (once in
-#: CI). At 250 Mbit/s, 12 of 12 such runs were right (8 confident, 4 unsure).
+#: NICs and uplinks of the launcher test, a quarter of 1 Gbit/s as ``STATIC_SCALE``. At
+#: 1 Gbit/s the torch probe took rack 0 (the one another job loads) for two racks of one,
+#: confident, once in CI and in 2 of 20 runs by hand beside a spinning process, when a flow
+#: inside rack 0 ran at 0.36-0.61 Gbit/s in every run of a telling round while the one
+#: inside rack 1 ran at 0.65-0.87: two cores, not the network built, held the flows. Probed
+#: 20 times on one cluster, that layout was right every time at either rate, and confident
+#: in 10 of 20 at 1 Gbit/s against 19 of 20 at a quarter (`bench/results/probe-busy-2x2-*`),
+#: and only a confident answer puts the launchers' agreement to the test.
 LAUNCHER_RATE = "250mbit"
 
 
