@@ -151,13 +151,14 @@ def test_the_fan_recheck_sees_another_jobs_queue_at_a_nic_and_none_on_a_clear_pa
 
 
 #: NICs and uplinks of the launcher test, a quarter of 1 Gbit/s as ``STATIC_SCALE``. At
-#: 1 Gbit/s the torch probe took rack 0 (the one another job loads) for two racks of one,
-#: confident, once in CI and in 2 of 20 runs by hand beside a spinning process, when a flow
-#: inside rack 0 ran at 0.36-0.61 Gbit/s in every run of a telling round while the one
-#: inside rack 1 ran at 0.65-0.87: two cores, not the network built, held the flows. Probed
-#: 20 times on one cluster, that layout was right every time at either rate, and confident
-#: in 10 of 20 at 1 Gbit/s against 19 of 20 at a quarter (`bench/results/probe-busy-2x2-*`),
-#: and only a confident answer puts the launchers' agreement to the test.
+#: 1 Gbit/s the torch probe took a rack for two racks of one, confident, once in CI (rack 0,
+#: the one another job loads) and in 2 of 20 runs by hand beside a spinning process; in one
+#: of those the flow inside rack 0 ran at 0.36-0.61 Gbit/s in every run of a telling round
+#: while the one inside rack 1 ran at 0.65-0.87: two cores, not the network built, held the
+#: flows. Probed 20 times on one cluster, that layout was right every time at either rate,
+#: and confident in 10 of 20 at 1 Gbit/s against 19 of 20 at a quarter
+#: (`bench/results/probe-busy-2x2-*`); only a confident answer puts the launchers'
+#: agreement to the test.
 LAUNCHER_RATE = "250mbit"
 
 
