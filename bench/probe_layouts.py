@@ -513,25 +513,23 @@ def run_layouts(layouts: Sequence[Layout], *, name: str = "pbl", probe_args: Seq
     started = time.time()
     if built_once and any(lay != layouts[0] for lay in layouts):
         raise ValueError("built_once probes one layout again and again; these are several")
+
+    def probe(layout: Layout) -> dict[str, Any]:
+        if built_once:
+            return probe_built(name=name, probe_args=probe_args)
+        return probe_layout(layout, name=name, probe_args=probe_args, rate_scale=rate_scale)
+
     with built(layouts[0], name=name, rate_scale=rate_scale) if built_once and layouts else contextlib.nullcontext():
         for layout in layouts:
-            _probe_into(layout, rows, raw, report, lambda lay: probe_built(name=name, probe_args=probe_args)
-                        if built_once else probe_layout(lay, name=name, probe_args=probe_args, rate_scale=rate_scale))
+            try:
+                topology = probe(layout)
+            except ProbeFailedError as error:
+                topology, row = None, failed(layout, str(error))
+            else:
+                row = score(layout, topology)
+            rows.append(row)
+            raw.append(topology)
+            if report is not None:
+                report(row)
     return {"rows": rows, "summary": summarize(rows), "topologies": raw,
             "wall_seconds": round(time.time() - started, 1)}
-
-
-def _probe_into(layout: Layout, rows: list[dict[str, Any]], raw: list[Any],
-                report: Callable[[dict[str, Any]], None] | None,
-                probe: Callable[[Layout], dict[str, Any]]) -> None:
-    """One probe of ``layout`` scored into ``rows`` and ``raw`` (a failed probe, a ``failed`` row)."""
-    try:
-        topology = probe(layout)
-    except ProbeFailedError as error:
-        topology, row = None, failed(layout, str(error))
-    else:
-        row = score(layout, topology)
-    rows.append(row)
-    raw.append(topology)
-    if report is not None:
-        report(row)

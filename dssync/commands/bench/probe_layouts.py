@@ -95,7 +95,7 @@ def run_probe_layouts(args: argparse.Namespace) -> int:
                                  report=lambda row: progress.advance(task), built_once=args.built_once)
     layouts = result["rows"]
     table = Table(title=f"dssync probe on {len(layouts)} random layouts (seed {args.seed})"
-                  if getattr(args, "layout", None) is None else
+                  if args.layout is None else
                   f"dssync probe, {len(layouts)} runs on {args.layout.describe()}")
     for col in ("#", "layout", "answer", "racks", "uplinks found/true", "NICs found/true", "unplaced", "probe s",
                 "whole s"):
@@ -137,7 +137,7 @@ def run_probe_layouts(args: argparse.Namespace) -> int:
         command = (f"dssync bench probe-layouts --count {args.count} --seed {args.seed} --max-workers {args.max_workers}"
                    f" --min-workers {args.min_workers}")
         if args.layout is not None:
-            command = f"dssync bench probe-layouts --count {args.count} --layout '{args.layout.describe()}'"
+            command = f"dssync bench probe-layouts --count {args.count} --layout {shlex.quote(args.layout.describe())}"
             command += " --built-once" if args.built_once else ""
         if args.rate_scale != 1:
             command += f" --rate-scale {args.rate_scale}"
