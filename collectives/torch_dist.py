@@ -8,8 +8,12 @@ and cached by rank tuple; size-one groups need no communication and get none.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import re
+import sys
+import tempfile
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -33,18 +37,47 @@ def init_process_group(
     if torch.cuda.is_available():  # one GPU a rank: the launcher's local rank, else the rank
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
     try:
-        dist.init_process_group(
-            backend=backend or default_backend(),
-            init_method=init_method,
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
+        with connect_noise_held():
+            dist.init_process_group(
+                backend=backend or default_backend(),
+                init_method=init_method,
+                rank=rank,
+                world_size=world_size,
+                timeout=datetime.timedelta(seconds=timeout_s),
+            )
     except (RuntimeError, ValueError) as exc:
         raise CommunicationError(
             f"rank {rank}: could not join a world of {world_size} ranks at {init_method} within "
             f"{timeout_s:.0f} s: {_first_line(exc)}"
         ) from None
+
+
+#: What gloo writes on stderr while a process group connects: each refused attempt it will
+#: retry, and the failure that the raised error carries anyway. A peer that dies at
+#: rendezvous would otherwise leave half a dozen native lines on every surviving rank
+#: before the job's one-line error.
+CONNECT_NOISE = re.compile(r"\] ERROR failed to connect, willRetry=|Gloo connectFullMesh failed with")
+
+
+@contextlib.contextmanager
+def connect_noise_held():
+    """Hold this process's stderr (file descriptor 2, where native code writes) while a
+    process group connects, and write back every line but ``CONNECT_NOISE``."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            lines = held.read().decode(errors="replace").splitlines(keepends=True)
+            kept = "".join(line for line in lines if not CONNECT_NOISE.search(line))
+            if kept:
+                os.write(2, kept.encode())
 
 
 def _first_line(exc: BaseException) -> str:
@@ -99,9 +132,10 @@ class TorchCommunicator(Communicator):
                 "every member, so plans must reuse groups (regroup less often)"
             )
         for group in new:
-            self._groups[group] = dist.new_group(
-                ranks=list(group), timeout=datetime.timedelta(seconds=self.timeout_s)
-            )
+            with connect_noise_held():
+                self._groups[group] = dist.new_group(
+                    ranks=list(group), timeout=datetime.timedelta(seconds=self.timeout_s)
+                )
 
     def _process_group(self, group: Group | None) -> Any:
         if group is None or len(group) == self.world_size:
