@@ -3,7 +3,9 @@
 # seeds 0, 1 and 2 at 4-9 workers, and 5 layouts of 16 workers, each built, probed with the
 # whole `dssync emulate run -- dssync probe` timed, and scored by the same-network rule.
 # SEEDS="2" bash bench/probe_records.sh runs a subset (names: 0 1 2 16w, and 2q: seed 2 with
-# every rate at a quarter, where the two cores no longer bound the flows). Needs root;
+# every rate at a quarter, where the two cores no longer bound the flows; 8w: the speed
+# against rightness at 8-9 workers on seed 3, which no other record reports, at the default
+# 0.25 s streams and at 0.1 s). Needs root;
 # about 15 minutes a seed on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +26,11 @@ record() {  # NAME ARGS...: the record NAME.json and its console output NAME.txt
 for s in ${SEEDS:-0 1 2 16w}; do
     if [[ $s == 2q ]]; then
         record probe-layouts-v24-seed2-quarter --count 20 --seed 2 --rate-scale 0.25
+    elif [[ $s == 8w ]]; then
+        for b in 0.25 0.1; do
+            record "probe-tune-seed3-8w-bandwidth-seconds-$b" --count 20 --seed 3 --min-workers 8 \
+                --probe-args "--bandwidth-seconds $b"
+        done
     elif [[ $s == 16w ]]; then
         record probe-layouts-v24-16w --count 5 --seed 16 --min-workers 16 --max-workers 16
     else
