@@ -5,7 +5,7 @@
 # SEEDS="2" bash bench/probe_records.sh runs a subset (names: 0 1 2 16w, and 2q: seed 2 with
 # every rate at a quarter, where the two cores no longer bound the flows; 8w: the speed
 # against rightness at 8-9 workers on seed 3, which no other record reports, at the default
-# 0.25 s streams and at 0.1 s). Needs root;
+# 0.25 s streams and at 0.1 s; s4: the same two on seed 4 at 4-9 workers). Needs root;
 # about 15 minutes a seed on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +34,10 @@ for s in ${SEEDS:-0 1 2 16w}; do
         for b in 0.25 0.1; do
             record "probe-tune-seed3-8w-bandwidth-seconds-$b" --count 20 --seed 3 --min-workers 8 \
                 --probe-args "--bandwidth-seconds $b"
+        done
+    elif [[ $s == s4 ]]; then
+        for b in 0.25 0.1; do
+            record "probe-tune-seed4-bandwidth-seconds-$b" --count 20 --seed 4 --probe-args "--bandwidth-seconds $b"
         done
     elif [[ $s == 16w ]]; then
         record probe-layouts-v24-16w --count 5 --seed 16 --min-workers 16 --max-workers 16
