@@ -14,11 +14,10 @@ r=bench/results
 failed=0
 record() {  # NAME ARGS...: the record NAME.json and its console output NAME.txt, headed by its provenance
     local name=$1; shift
-    local cmd="dssync bench probe-layouts" arg
-    for arg in "$@"; do  # an argument with a space quoted, as it was given
-        if [[ $arg == *" "* ]]; then cmd+=" '$arg'"; else cmd+=" $arg"; fi
-    done
-    cmd+=" --json $r/$name.json"
+    # quoted as the record's own provenance quotes it (shlex.join)
+    local cmd
+    cmd=$(python3 -c 'import shlex, sys; print(shlex.join(sys.argv[1:]))' \
+        dssync bench probe-layouts "$@" --json "$r/$name.json")
     # a probe that failed is a row of the record (exit 1): the other layouts and seeds still run
     "$dssync" bench probe-layouts "$@" --json "$r/$name.json" > "$r/$name.txt.new" || failed=1
     {
