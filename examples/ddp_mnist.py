@@ -23,7 +23,7 @@ from torch.distributed.optim import PostLocalSGDOptimizer
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from dssync.training.averager import DSSyncAverager, LocalSGDState, local_sgd_hook
+from dssync import DSSyncAverager, LocalSGDState, local_sgd_hook
 from dssync.training.tasks import build_task
 
 

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from dssync._jsonfile import check_writable, write_json
+from dssync.averaging.ensemble import ENSEMBLES
 from dssync.bench.provenance import stamp
 from dssync.commands._common import (
     add_racks_from_option,
@@ -23,7 +24,6 @@ from dssync.commands._common import (
 )
 from dssync.launch import from_environ
 from dssync.strategies import REGISTRY, get_strategy
-from dssync.strategies.ds_sync import ENSEMBLES
 from dssync.training.loop import LR_SCHEDULES, OPTIMIZERS, TrainConfig, train
 from dssync.training.tasks import TASKS
 

@@ -98,7 +98,7 @@ class ParameterServer:
     """This rank's shard server and its client connections to every shard (collective setup).
 
     ``flat`` is the worker's float32 parameter buffer: pulls write into it in place, so a
-    model whose parameters are views of it (``dssync.flat``) sees the server's values.
+    model whose parameters are views of it (``dssync.averaging.flat``) sees the server's values.
     """
 
     def __init__(self, comm: Communicator, flat: torch.Tensor, *, lr: float, momentum: float = 0.0,

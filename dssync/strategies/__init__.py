@@ -1,4 +1,4 @@
-"""Synchronization strategies: the interface (``base``), one file each, one name each in this registry, and DS-Sync's groups over time (``shuffle``)."""
+"""Synchronization strategies: the interface (``base``), one file each, one name each in this registry."""
 
 from __future__ import annotations
 

@@ -19,11 +19,11 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from dssync.averaging.flat import flatten_parameters, hookless_copy
 from dssync.errors import DssyncError
-from dssync.flat import flatten_parameters
 from dssync.ps.server import ParameterServer
 from dssync.strategies.allreduce import GradientBuffer
-from dssync.strategies.base import StepsElsewhere, Strategy, StrategyContext, hookless_copy
+from dssync.strategies.base import StepsElsewhere, Strategy, StrategyContext
 
 __all__ = ["ASPStrategy", "SSPStrategy"]
 

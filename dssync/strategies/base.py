@@ -17,7 +17,6 @@ call the ``_before_step`` / ``_after_step`` hooks that subclasses implement.
 
 from __future__ import annotations
 
-import copy
 import time
 from abc import ABC
 from collections.abc import Callable
@@ -31,7 +30,7 @@ from dssync.collectives import Communicator
 from dssync.planning.schedule import Schedule
 from dssync.topology import Topology
 
-__all__ = ["StepsElsewhere", "Strategy", "StrategyContext", "hookless_copy", "world_average"]
+__all__ = ["StepsElsewhere", "Strategy", "StrategyContext"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,31 +174,3 @@ class StepsElsewhere(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.inner.zero_grad(set_to_none=set_to_none)
-
-
-def hookless_copy(module: nn.Module) -> nn.Module:
-    """A deep copy of ``module`` without its hooks: a model to evaluate or hand back must not
-    run the training's hooks (overlapped ds-sync's waits, SpecSync's cancellation points),
-    which also hold sockets and locks that cannot be copied."""
-    memo: dict[int, Any] = {}
-    for m in module.modules():
-        for key, value in vars(m).items():
-            if "hooks" in key and isinstance(value, dict):
-                memo[id(value)] = type(value)()
-    return copy.deepcopy(module, memo)
-
-
-@torch.no_grad()
-def world_average(comm: Communicator, module: nn.Module) -> nn.Module:
-    """A copy of ``module`` whose parameters and floating-point buffers are their average
-    over the world (collective: one allreduce of one flat buffer; ``module`` is untouched)."""
-    averaged = hookless_copy(module)
-    tensors = [p.data for p in averaged.parameters()]
-    tensors += [b for b in averaged.buffers() if b.is_floating_point()]
-    flat = torch.cat([t.reshape(-1) for t in tensors])
-    comm.allreduce_(flat, average=True)
-    offset = 0
-    for t in tensors:
-        t.copy_(flat[offset : offset + t.numel()].view_as(t))
-        offset += t.numel()
-    return averaged

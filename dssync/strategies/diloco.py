@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dssync.averaging.flat import average_tensors, flatten_parameters, hookless_copy
 from dssync.errors import DssyncError
-from dssync.flat import flatten_parameters
-from dssync.strategies.base import Strategy, StrategyContext, hookless_copy
+from dssync.strategies.base import Strategy, StrategyContext
 
 __all__ = ["DiLoCoStrategy"]
 
@@ -78,8 +78,7 @@ class DiLoCoStrategy(Strategy):
         if self._outer_optimizer is None:
             raise DssyncError("diloco: call strategy.setup() before training")
         pseudo = [outer - local for outer, local in zip(self._outer, self._flat, strict=True)]
-        for work in [self.comm.allreduce_async_(p, average=True) for p in pseudo]:
-            work.wait()
+        average_tensors(self.comm, pseudo)
         for outer, delta in zip(self._outer, pseudo, strict=True):
             outer.grad = delta
         self._outer_optimizer.step()

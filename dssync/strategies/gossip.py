@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dssync.flat import flatten_parameters
-from dssync.strategies.base import Strategy, StrategyContext, world_average
+from dssync.averaging.flat import flatten_parameters, world_average
+from dssync.strategies.base import Strategy, StrategyContext
 
 __all__ = ["GossipStrategy", "gossip_peers"]
 

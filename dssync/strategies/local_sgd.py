@@ -1,7 +1,7 @@
 """``local-sgd``: every rank trains alone and the world averages parameters every ``period``
 iterations (periodic model averaging; ``period=1`` is parameter averaging every step).
 
-Parameters live in one flat buffer per dtype (``dssync.flat``), so an average is one
+Parameters live in one flat buffer per dtype (``dssync.averaging.flat``), so an average is one
 allreduce. The model handed back is the world average, so ranks that trained apart since
 the last average are brought together once more at the end.
 """
@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import nn
 
-from dssync.flat import flatten_parameters
-from dssync.strategies.base import Strategy, StrategyContext, world_average
+from dssync.averaging.flat import average_tensors, flatten_parameters, world_average
+from dssync.strategies.base import Strategy, StrategyContext
 
 __all__ = ["LocalSGDStrategy"]
 
@@ -38,15 +37,10 @@ class LocalSGDStrategy(Strategy):
         super().__init__(ctx, config)
         self._flat = flatten_parameters(self.model)
 
-    @torch.no_grad()
-    def _average(self) -> None:
-        for work in [self.comm.allreduce_async_(f, average=True) for f in self._flat]:
-            work.wait()
-
     def _after_step(self, step: int) -> bool:
         if (step + 1) % self.config.period:
             return False
-        self._average()
+        average_tensors(self.comm, self._flat)
         return True
 
     def final_model(self) -> nn.Module:

@@ -33,8 +33,9 @@ from torch.distributed.algorithms.model_averaging.hierarchical_model_averager im
     HierarchicalModelAverager,
 )
 
+from dssync.averaging.flat import world_average
 from dssync.errors import DssyncError
-from dssync.strategies.base import Strategy, StrategyContext, world_average
+from dssync.strategies.base import Strategy, StrategyContext
 from dssync.strategies.ddp import require_torch_distributed
 
 if TYPE_CHECKING:  # torch.distributed.optim imports FSDP and DTensor: a third of a rank's start-up

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from dssync.averaging.flat import hookless_copy
 from dssync.collectives import Communicator
 from dssync.errors import BackendUnavailableError, DssyncError, ScheduleError, TopologyError
 from dssync.launch import from_environ, run_ranks
@@ -25,7 +26,7 @@ from dssync.launch.spawn import BACKENDS
 from dssync.planning.schedule import Schedule
 from dssync.probing.probe import ProbeConfig, host_name, probe_rank
 from dssync.strategies import REGISTRY, get_strategy
-from dssync.strategies.base import StrategyContext, hookless_copy
+from dssync.strategies.base import StrategyContext
 from dssync.topology import Topology
 from dssync.topology.prior import parse_racks_from
 from dssync.training import checkpoint as ckpt

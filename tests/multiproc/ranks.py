@@ -447,7 +447,7 @@ def averager_loop(comm, task_name: str, steps: int, seed: int, options: dict, re
     import torch.nn.functional as F
     from torch.distributed.optim import PostLocalSGDOptimizer
 
-    from dssync.training.averager import DSSyncAverager
+    from dssync import DSSyncAverager
     from dssync.training.tasks import build_task
 
     def build(state=None):

@@ -43,8 +43,8 @@ def test_the_averager_computes_what_dssync_train_computes(tmp_path, options, res
 
 
 def test_the_averager_needs_a_process_group():
+    from dssync import DSSyncAverager
     from dssync.errors import DssyncError
-    from dssync.training.averager import DSSyncAverager
 
     with pytest.raises(DssyncError, match="init_process_group"):
         DSSyncAverager()

@@ -59,12 +59,12 @@ def test_ds_sync_final_model_is_the_global_mean_of_the_ensemble_models(ensemble)
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(1.0)
-        strategy._fold(1)  # before swa_start (iteration 2 of 4): not taken in
-        strategy._fold(2)
+        strategy.averager.ensemble.fold(1)  # before swa_start (iteration 2 of 4): not taken in
+        strategy.averager.ensemble.fold(2)
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(2.0)
-        strategy._fold(3)
+        strategy.averager.ensemble.fold(3)
         after = torch.nn.utils.parameters_to_vector(strategy.final_model().parameters())
         return start, before, after
 
@@ -81,7 +81,7 @@ def test_ds_sync_final_model_is_the_global_mean_of_the_ensemble_models(ensemble)
 def test_ds_sync_swa_model_is_the_bias_corrected_ema_of_the_iterates(decay):
     from torch.optim.swa_utils import AveragedModel
 
-    from dssync.strategies.ds_sync import debiased_ema
+    from dssync.averaging.ensemble import debiased_ema
 
     model = torch.nn.Linear(3, 2)
     swa = AveragedModel(model, multi_avg_fn=debiased_ema(decay), use_buffers=True)
@@ -265,7 +265,8 @@ def test_overlapped_mode_computes_what_after_step_mode_computes(bucket_mb):
                                       DSSyncStrategy.Config(overlap=overlap, bucket_mb=bucket_mb))
             optimizer = strategy.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
             strategy.setup()
-            buckets.append([len(b.modules) for b in strategy._buckets])
+            if strategy.reducer is not None:
+                buckets.append([len(b.modules) for b in strategy.reducer.buckets])
             for step in range(7):
                 x = torch.randn(6, 4, generator=gen, dtype=torch.float64)
                 y = torch.randint(0, 3, (6,), generator=gen)

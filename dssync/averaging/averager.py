@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,21 +34,20 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.distributed.algorithms.model_averaging.averagers import ModelAverager
 from torch.distributed.algorithms.model_averaging.utils import get_params_to_average
-from torch.optim.swa_utils import AveragedModel
 
 from dssync._jsonfile import is_whole
-from dssync.collectives.torch_dist import TorchCommunicator
+from dssync.averaging.ensemble import Ensemble
+from dssync.averaging.flat import average_tensors
+from dssync.averaging.shuffle import Shuffle
+from dssync.collectives import Communicator
 from dssync.errors import DssyncError
 from dssync.planning.schedule import Schedule
-from dssync.strategies.base import world_average
-from dssync.strategies.ds_sync import ENSEMBLES, debiased_ema
-from dssync.strategies.shuffle import Shuffle
 from dssync.topology import Topology
 
 __all__ = ["DSSyncAverager", "LocalSGDState", "default_topology", "local_sgd_hook"]
 
 
-def default_topology(comm: TorchCommunicator, *, num_racks: int = 2, timeout_s: float = 300.0) -> Topology:
+def default_topology(comm: Communicator, *, num_racks: int = 2, timeout_s: float = 300.0) -> Topology:
     """The topology to plan for when none is given: probed (``dssync probe``'s measurement)
     when the ranks run on more than one host, else ``num_racks`` even logical racks, as
     ``dssync train`` assumes (on one host a probe would measure the CPU)."""
@@ -62,7 +60,8 @@ def default_topology(comm: TorchCommunicator, *, num_racks: int = 2, timeout_s: 
 
 
 class DSSyncAverager(ModelAverager):
-    """Averages parameters within this iteration's divide-and-shuffle group.
+    """Averages parameters within this iteration's divide-and-shuffle group: the DS-Sync
+    engine, which the ``ds-sync`` strategy of ``dssync train`` drives too.
 
     ``topology``: a ``Topology``, the path of a topology.json, or ``None`` (``default_topology``);
     ``schedule``: a ``Schedule`` or the path of one to follow instead of planning;
@@ -70,27 +69,35 @@ class DSSyncAverager(ModelAverager):
     the world then, as in torch's post-local SGD; use the same number in ``LocalSGDState``);
     ``adjust_every`` / ``max_pace``: online regrouping from the group timings, as the
     ``ds-sync`` strategy's options; ``model`` with ``ensemble="swa"`` (from ``swa_start_step``
-    on) or ``"ema"`` (``ema_decay``): the local ensemble that ``final_model`` averages.
-
-    Needs an initialised default process group (gloo for CPU tensors, NCCL for CUDA ones).
+    on) or ``"ema"`` (``ema_decay``): the local ensemble that ``final_model`` averages;
+    ``comm``: the ``Communicator`` to average over (default: torch.distributed's default
+    process group, which must be initialised: gloo for CPU tensors, NCCL for CUDA ones);
+    ``nbytes``: what one group average moves, if known (else measured at the first);
+    ``start=False`` leaves ``start()`` (collective: plans and creates the groups, and starts
+    the EMA at the model's parameters) to the caller.
     """
 
     def __init__(self, topology: Topology | str | os.PathLike[str] | None = None,
                  schedule: Schedule | str | os.PathLike[str] | None = None, *, warmup_steps: int = 0,
                  adjust_every: int = 0, max_pace: int = 4, steps: int | None = None,
                  model: nn.Module | None = None, ensemble: str = "none", swa_start_step: int = 0,
-                 ema_decay: float = 0.98, timeout_s: float = 300.0) -> None:
-        if not dist.is_initialized():
+                 ema_decay: float = 0.98, timeout_s: float = 300.0, comm: Communicator | None = None,
+                 nbytes: int = 0, start: bool = True) -> None:
+        if comm is None and not dist.is_initialized():
             raise DssyncError("DSSyncAverager averages over torch.distributed: call "
                               "torch.distributed.init_process_group first (torchrun sets the environment)")
-        super().__init__(None)
+        # torch's base sets process_group (the world's, which a Communicator of another backend
+        # has not) and step; this averager averages over ``comm``'s groups instead
+        self.process_group = dist.group.WORLD if dist.is_initialized() else None
+        self.step = 0
         if warmup_steps < 0 or adjust_every < 0:
             raise ValueError(f"warmup_steps and adjust_every must be 0 or more, got {warmup_steps} and {adjust_every}")
-        if ensemble not in ENSEMBLES:
-            raise ValueError(f"ensemble must be one of {', '.join(ENSEMBLES)}, got {ensemble!r}")
-        if ensemble != "none" and model is None:
-            raise ValueError(f"ensemble={ensemble!r} keeps a copy of the model: pass model=")
-        self.comm = TorchCommunicator(timeout_s=timeout_s)
+        self.ensemble = Ensemble(model, ensemble, swa_from=swa_start_step, ema_decay=ema_decay)
+        if comm is None:
+            from dssync.collectives.torch_dist import TorchCommunicator
+
+            comm = TorchCommunicator(timeout_s=timeout_s)
+        self.comm = comm
         if isinstance(schedule, str | os.PathLike):
             schedule = Schedule.load(schedule)
         if isinstance(topology, str | os.PathLike):
@@ -99,21 +106,26 @@ class DSSyncAverager(ModelAverager):
             topology = default_topology(self.comm, timeout_s=timeout_s)
         self.warmup_steps = warmup_steps
         self.shuffle = Shuffle(self.comm, topology, schedule, adjust_every=adjust_every, max_pace=max_pace,
-                               steps=steps)
-        self.shuffle.setup()
-        self.swa_model: AveragedModel | None = None
-        self._swa_from = swa_start_step
-        if ensemble == "ema":
-            self.swa_model = AveragedModel(model, multi_avg_fn=debiased_ema(ema_decay), use_buffers=True)
-            self.swa_model.update_parameters(model)
-        elif ensemble == "swa":
-            self.swa_model = AveragedModel(model, use_buffers=True)
-        self._model = model
+                               steps=steps, nbytes=nbytes)
+        if start:
+            self.start()
+
+    @property
+    def swa_model(self) -> nn.Module | None:
+        """The local ensemble model (``torch.optim.swa_utils.AveragedModel``), if one is kept."""
+        return self.ensemble.averaged
 
     @property
     def schedule(self) -> Schedule:
         """The schedule in force now (online regrouping replaces it)."""
         return self.shuffle.schedule
+
+    def start(self, *, ensemble: bool = True) -> None:
+        """Plan (or check the given schedule), compare it across ranks and create its groups
+        (collective), and, with ``ensemble``, start the EMA at the model's parameters."""
+        self.shuffle.setup()
+        if ensemble:
+            self.ensemble.start()
 
     @torch.no_grad()
     def average_parameters(self, params: Iterable[nn.Parameter] | Iterable[dict[str, Any]]) -> None:
@@ -122,37 +134,40 @@ class DSSyncAverager(ModelAverager):
         ``params``: one allreduce each, all in flight at once."""
         step = self.step
         if step >= self.warmup_steps:
-            group = self.shuffle.group(step)
-            if len(group) > 1:
-                t0 = time.perf_counter()
-                self._average(list(get_params_to_average(params)), group)
-                self.shuffle.record(step, group, time.perf_counter() - t0)
-            if self.swa_model is not None and step >= self._swa_from:
-                self.swa_model.update_parameters(self._model)
-            self.shuffle.after(step)
+            self.average(list(get_params_to_average(params)), step)
+            self.after(step)
         self.step += 1
 
-    def _average(self, params: list[torch.Tensor], group: tuple[int, ...]) -> None:
-        by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
-        for p in params:
-            by_kind[(p.device, p.dtype)].append(p)
-        flats = [torch.cat([p.detach().reshape(-1) for p in ps]) for ps in by_kind.values()]
+    @torch.no_grad()
+    def average(self, tensors: Sequence[torch.Tensor], step: int) -> bool:
+        """Average ``tensors`` in place within this rank's group of iteration ``step`` and time
+        it for regrouping; False where the group is this rank alone (nothing sent)."""
+        group = self.shuffle.group(step)
+        if len(group) == 1:
+            return False
+        t0 = time.perf_counter()
+        nbytes = average_tensors(self.comm, tensors, group)
         if not self.shuffle.nbytes:
-            self.shuffle.nbytes = sum(f.numel() * f.element_size() for f in flats)
-        for work in [self.comm.allreduce_async_(f, group, average=True) for f in flats]:
-            work.wait()
-        for flat, ps in zip(flats, by_kind.values(), strict=True):
-            offset = 0
-            for p in ps:
-                p.detach().copy_(flat[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
+            self.shuffle.nbytes = nbytes
+        self.shuffle.record(step, group, time.perf_counter() - t0)
+        return True
 
-    def final_model(self, model: nn.Module) -> nn.Module:
-        """A copy of ``model`` (or of the local ensemble, once it holds an iterate) averaged over
-        the world once: the model to evaluate and hand back (collective; ``model`` is untouched)."""
-        module = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-        ensembled = self.swa_model is not None and int(self.swa_model.n_averaged) > 0
-        return world_average(self.comm, self.swa_model.module if ensembled else module)
+    def after(self, step: int) -> None:
+        """Iteration ``step``'s average is in: fold it into the ensemble, and regroup when due."""
+        self.ensemble.fold(step)
+        self.shuffle.after(step)
+
+    def final_model(self, model: nn.Module | None = None) -> nn.Module:
+        """A copy of ``model`` (default: the ensemble's model), or of the local ensemble once it
+        holds an iterate, averaged over the world once: the model to evaluate and hand back
+        (collective; ``model`` is untouched)."""
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        return self.ensemble.final(self.comm, model)
+
+    def regroup(self, next_step: int) -> bool:
+        """Regroup now from the window's timings (``Shuffle.regroup``; collective)."""
+        return self.shuffle.regroup(next_step)
 
     def schedule_changes(self) -> list[dict[str, Any]]:
         """``[{step, reason, schedule}]``: the plan at the start and every online change."""
@@ -161,8 +176,7 @@ class DSSyncAverager(ModelAverager):
     def state_dict(self) -> dict[str, Any]:
         """``step``, the schedule's position and regrouping state, and the ensemble: with the
         model's and optimizer's state, what a resumed run needs to average as if never stopped."""
-        return {"step": self.step, "shuffle": self.shuffle.state_dict(),
-                "ensemble": None if self.swa_model is None else self.swa_model.state_dict()}
+        return {"step": self.step, "shuffle": self.shuffle.state_dict(), "ensemble": self.ensemble.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore ``state_dict()`` (collective when it re-plans or creates the groups of the
@@ -174,13 +188,15 @@ class DSSyncAverager(ModelAverager):
                 or not isinstance(state["shuffle"], dict) or not isinstance(state["ensemble"], dict | None):
             raise DssyncError(f"rank {self.comm.rank}: not a DSSyncAverager.state_dict() (it has step, shuffle and "
                               f"ensemble: a whole number, a dict, a dict or None); got {_shape(state)}")
-        if (state["ensemble"] is None) != (self.swa_model is None):
-            raise DssyncError("the checkpoint was written with another ensemble setting than this averager's")
-        self.shuffle.load_state_dict(state["shuffle"])
+        self.restore(state)
         self.step = state["step"]
         self.shuffle.setup()
-        if self.swa_model is not None:
-            self.swa_model.load_state_dict(state["ensemble"])
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """The schedule's position and the ensemble from ``state_dict()``, before ``start()``."""
+        self.ensemble.check(state["ensemble"], rank=self.comm.rank)
+        self.shuffle.load_state_dict(state["shuffle"])
+        self.ensemble.load_state_dict(state["ensemble"])
 
 
 def _shape(value: Any) -> str:

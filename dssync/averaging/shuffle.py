@@ -1,5 +1,4 @@
-"""Which group each rank averages with at each iteration, and online regrouping: the part of
-DS-Sync that the ``ds-sync`` strategy and the model averager (``dssync.training.averager``) share.
+"""Which group each rank averages with at each iteration, and online regrouping.
 
 A ``Shuffle`` follows a schedule (planned from the topology unless one is given) from the
 iteration at which it took effect, keeps the window of group timings, and, every
