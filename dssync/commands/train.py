@@ -23,37 +23,11 @@ from dssync.commands._common import (
     topology_from_args,
 )
 from dssync.launch import from_environ
-from dssync.strategies import REGISTRY, get_strategy
+from dssync.strategies import REGISTRY, get_strategy, having, probing
 from dssync.training.loop import LR_SCHEDULES, OPTIMIZERS, TrainConfig, train
 from dssync.training.tasks import TASKS
 
-__all__ = ["add_parser", "run", "strategy_settings"]
-
-
-def strategy_settings(strategy: str, pairs: list[str]) -> dict[str, Any]:
-    """``["key=value", ...]`` as settings of ``strategy``'s ``Config``, each value read as the
-    field's type (bool: true/false/1/0); an unknown key or a bad value names the choices."""
-    fields = {f.name: f for f in dataclasses.fields(get_strategy(strategy).Config)}
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, text = pair.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or key not in fields:
-            raise ValueError(f"--set {pair!r}: {strategy} has the settings "
-                             f"{', '.join(sorted(fields)) or '(none)'}; write KEY=VALUE")
-        kind = str(fields[key].type)
-        try:
-            if kind == "bool":
-                if text.lower() not in ("true", "false", "1", "0"):
-                    raise ValueError(text)
-                value: Any = text.lower() in ("true", "1")
-            else:
-                value = {"int": int, "float": finite_float}.get(kind, str)(text)
-        except (ValueError, argparse.ArgumentTypeError):
-            raise ValueError(f"--set {pair!r}: {key} must be of type {kind}"
-                             f"{' (a finite number)' if kind == 'float' else ''}") from None
-        out[key] = value
-    return out
+__all__ = ["add_parser", "run"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -124,37 +98,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    strategy = get_strategy(args.strategy)
     options = {}
     for flag, key, kind in (("--ensemble", "ensemble", None), ("--swa-start", "swa_start", "swa"),
-                            ("--ema-decay", "ema_decay", "ema")):
+                            ("--ema-decay", "ema_decay", "ema"), ("--overlap", "overlap", None),
+                            ("--adjust-every", "adjust_every", None), ("--max-pace", "max_pace", None)):
         value = getattr(args, key)
-        if value is None:
+        if value is None or value is False:
             continue
-        if args.strategy != "ds-sync":
-            raise ValueError(f"{flag} applies to --strategy ds-sync only")
+        if key not in {f.name for f in dataclasses.fields(strategy.Config)}:
+            raise ValueError(f"{flag} applies to --strategy {' or '.join(having(key))} only")
         if kind is not None and args.ensemble != kind:
             raise ValueError(f"{flag} applies to --ensemble {kind} only")
         options[key] = value
-    if args.overlap:
-        if args.strategy != "ds-sync":
-            raise ValueError("--overlap applies to --strategy ds-sync only")
-        options["overlap"] = True
     if args.bucket_mb is not None:
         if not args.overlap:
             raise ValueError("--bucket-mb applies to --overlap only")
         options["bucket_mb"] = args.bucket_mb
-    if args.adjust_every is not None:
-        if args.strategy != "ds-sync":
-            raise ValueError("--adjust-every applies to --strategy ds-sync only")
-        options["adjust_every"] = args.adjust_every
-    if args.max_pace is not None:
-        if args.strategy != "ds-sync":
-            raise ValueError("--max-pace applies to --strategy ds-sync only")
-        options["max_pace"] = args.max_pace
-    options.update(strategy_settings(args.strategy, args.settings))
-    get_strategy(args.strategy).Config(**options)  # a bad setting fails here, before any rank starts
-    if args.racks_from is not None and (args.strategy != "ds-sync" or args.topology or args.rack_sizes or args.racks):
-        raise ValueError("--racks-from applies when ds-sync probes the network: --strategy ds-sync without "
+    options.update(strategy.Config.read(args.settings, args.strategy))
+    strategy.Config(**options)  # a bad setting fails here, before any rank starts
+    if args.racks_from is not None and (not strategy.probes or args.topology or args.rack_sizes or args.racks):
+        names = " or ".join(probing())
+        raise ValueError(f"--racks-from applies when {names} probes the network: --strategy {names} without "
                          "--topology, --rack-sizes or --racks")
     topology = topology_from_args(args)
     cfg = TrainConfig(

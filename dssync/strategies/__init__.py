@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from dssync.strategies.allreduce import AllreduceStrategy
 from dssync.strategies.asp import ASPStrategy, SSPStrategy
 from dssync.strategies.base import Strategy
@@ -19,7 +21,7 @@ from dssync.strategies.torch_hier import TorchHierStrategy
 __all__ = [
     "REGISTRY", "ASPStrategy", "AllreduceStrategy", "DDPStrategy", "DSSyncStrategy", "DiLoCoStrategy",
     "GossipStrategy", "HierarchicalStrategy", "LocalSGDStrategy", "PSPStrategy", "SSPStrategy",
-    "SpecSyncStrategy", "SyncSwitchStrategy", "TorchHierStrategy", "get_strategy",
+    "SpecSyncStrategy", "SyncSwitchStrategy", "TorchHierStrategy", "get_strategy", "having", "probing",
 ]
 
 REGISTRY: dict[str, type[Strategy]] = {
@@ -36,3 +38,13 @@ def get_strategy(name: str) -> type[Strategy]:
         raise ValueError(
             f"unknown strategy {name!r}; choose one of: {', '.join(sorted(REGISTRY))}"
         ) from None
+
+
+def having(option: str) -> list[str]:
+    """The strategies whose ``Config`` has the setting ``option``."""
+    return [name for name, cls in REGISTRY.items() if option in {f.name for f in dataclasses.fields(cls.Config)}]
+
+
+def probing() -> list[str]:
+    """The strategies that plan around the measured network (``Strategy.probes``)."""
+    return [name for name, cls in REGISTRY.items() if cls.probes]

@@ -17,9 +17,12 @@ call the ``_before_step`` / ``_after_step`` hooks that subclasses implement.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
+import typing
 from abc import ABC
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -51,13 +54,38 @@ class Strategy(ABC):  # noqa: B024 - every hook has a no-op default
     devices: ClassVar[tuple[str, ...]] = ("cpu",)
     """Where its models may live: ``cuda`` where every tensor it communicates stays on the
     model's device (torch collectives: NCCL for CUDA tensors, gloo for CPU ones)."""
+    probes: ClassVar[bool] = False
+    """Whether it plans its groups around the measured network: ``dssync train`` then probes
+    before training when the ranks span several hosts and no topology is given."""
     resumable: ClassVar[bool] = False
     """Whether ``state_dict``/``load_state_dict`` hold everything the strategy carries from one
     iteration to the next, so that ``dssync train --checkpoint`` can stop and resume it."""
 
     @dataclass(frozen=True, kw_only=True)
     class Config:
-        """Per-strategy settings; subclasses extend it."""
+        """Per-strategy settings; subclasses extend it (fields of type bool, int, float or str)."""
+
+        @classmethod
+        def read(cls, pairs: Sequence[str], owner: str = "this strategy") -> dict[str, Any]:
+            """``["key=value", ...]`` (``dssync train --set``) as settings of this Config, each
+            value read as its field's type (``typing.get_type_hints``; bool: true/false/1/0, float:
+            finite); an unknown key or a bad value is a ``ValueError`` naming the choices."""
+            types = typing.get_type_hints(cls)
+            names = {f.name for f in dataclasses.fields(cls)}
+            out: dict[str, Any] = {}
+            for pair in pairs:
+                key, sep, text = pair.partition("=")
+                key = key.strip().replace("-", "_")
+                if not sep or key not in names:
+                    raise ValueError(f"--set {pair!r}: {owner} has the settings "
+                                     f"{', '.join(sorted(names)) or '(none)'}; write KEY=VALUE")
+                kind = types[key]
+                try:
+                    out[key] = _READERS[kind](text)
+                except (KeyError, ValueError):
+                    raise ValueError(f"--set {pair!r}: {key} must be of type {kind.__name__}"
+                                     f"{' (a finite number)' if kind is float else ''}") from None
+            return out
 
     def __init__(self, ctx: StrategyContext, config: Strategy.Config | None = None) -> None:
         self.ctx = ctx
@@ -157,6 +185,22 @@ class Strategy(ABC):  # noqa: B024 - every hook has a no-op default
     def _after_comm(self, step: int) -> None:
         """Local bookkeeping after the iteration's communication (not timed)."""
         return None
+
+
+def _read_bool(text: str) -> bool:
+    if text.lower() not in ("true", "false", "1", "0"):
+        raise ValueError(text)
+    return text.lower() in ("true", "1")
+
+
+def _read_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
+_READERS: dict[type, Callable[[str], Any]] = {bool: _read_bool, int: int, float: _read_float, str: str}
 
 
 class StepsElsewhere(torch.optim.Optimizer):

@@ -36,6 +36,7 @@ __all__ = ["DSSyncStrategy"]
 class DSSyncStrategy(Strategy):
     name = "ds-sync"
     devices = ("cpu", "cuda")
+    probes = True
     resumable = True
 
     @dataclass(frozen=True, kw_only=True)

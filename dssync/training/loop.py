@@ -413,7 +413,7 @@ def _restore(comm: Communicator, cfg: TrainConfig, found: tuple[int, int, dict[s
 def _probed(comm: Communicator, cfg: TrainConfig) -> Topology | None:
     """The probed topology (``dssync probe``'s measurement), when ``cfg`` asks for one and the
     ranks are on more than one host; ``None`` otherwise."""
-    if not cfg.probe_first or cfg.strategy != "ds-sync":
+    if not cfg.probe_first or not get_strategy(cfg.strategy).probes:
         return None
     if len(set(comm.allgather_object(host_name()))) < 2:
         return None

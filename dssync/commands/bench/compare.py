@@ -100,7 +100,6 @@ def run_compare(args: argparse.Namespace) -> int:
         summarize,
     )
     from dssync.cli import build_parser
-    from dssync.commands.train import strategy_settings
     from dssync.strategies import get_strategy
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
@@ -124,7 +123,8 @@ def run_compare(args: argparse.Namespace) -> int:
     for s in strategies:  # unknown names and bad settings fail here, before any network is built
         name, settings = parse_variant(s)
         sets, own = split_settings(settings)
-        get_strategy(name).Config(**strategy_settings(name, sets))
+        config = get_strategy(name).Config
+        config(**config.read(sets, name))
         if own:  # the run's own train options: parsed as dssync train would, so a typo fails now
             said = io.StringIO()
             try:
