@@ -1,8 +1,6 @@
 """Contention classification: slow NICs (paper Fig. 6) and slow rack uplinks (Fig. 5)
 from the pairwise flows, the concurrent aggregates and the fans of the probe
 (``classify_contention``, ``nic_suspects``, ``fan_clears``).
-
-``dssync.topology.infer`` re-exports them.
 """
 
 from __future__ import annotations

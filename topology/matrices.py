@@ -2,7 +2,7 @@
 (``contention``) share: checks and normalisations of the measured matrices, the thresholds
 of the rules, and which ranks sit behind a queue of their own or a slow NIC.
 
-Pure functions on plain arrays (numpy; no torch). ``dssync.topology.infer`` re-exports them.
+Pure functions on plain arrays (numpy; no torch).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ class Topology:
     contention: Mapping[str, Any] = field(default_factory=dict)
     probe: Mapping[str, Any] | None = None
     #: How well the probe's measurements separate each inferred rack boundary, and the workers
-    #: it could not place (``dssync.topology.infer``); absent from hand-written topologies.
+    #: it could not place (``dssync.topology.racks``); absent from hand-written topologies.
     confidence: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:

@@ -2,8 +2,6 @@
 the clustering of ``racks`` leaves out: their candidate groups, ruled out by their flows
 and by queues their pings wait in, and the placement phase's verdicts from the pings the
 probe sends during its egress blasts (``place_blind``, ``held``, ``filled``).
-
-``dssync.topology.infer`` re-exports them.
 """
 
 from __future__ import annotations

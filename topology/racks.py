@@ -1,8 +1,6 @@
 """Fitting racks: clustering the clear ranks on their latency and bandwidth matrices
 (``fit_racks``, ``infer_racks``), with how sure each boundary is, and the blind ranks
 handed to ``placement``.
-
-``dssync.topology.infer`` re-exports them.
 """
 
 from __future__ import annotations

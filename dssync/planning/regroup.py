@@ -56,7 +56,8 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 
-from dssync.topology.infer import DEFAULT_SLOW_RATIO, slow_keys
+from dssync.topology.contention import slow_keys
+from dssync.topology.matrices import DEFAULT_SLOW_RATIO
 
 __all__ = ["Record", "Sensed", "cross_rack_pace", "group_bandwidths", "sense_contention", "settle"]
 

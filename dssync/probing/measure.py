@@ -2,7 +2,7 @@
 send/recv with the probe's timeout (``_Link``), a latency ping-pong, timed streams (one, or
 many at once), and the ``iperf3`` server and client.
 
-``dssync.probing.probe`` runs them in its phases and re-exports them.
+``dssync.probing.probe`` runs them in its phases.
 """
 
 from __future__ import annotations

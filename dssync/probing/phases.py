@@ -3,7 +3,7 @@ pair's latency and bandwidth, the concurrent phases (a rack's egress blast with 
 through it, its echo), and the fans that recheck a NIC the pairs called slow, after
 pinging it again over time (``_waits_on``).
 
-``dssync.probing.probe`` orchestrates them (``probe_rank``) and re-exports them.
+``dssync.probing.probe`` orchestrates them (``probe_rank``).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ grouping adapts to). The gathered result is the same on every rank.
 
 This module is the public entry point and holds the orchestration (``probe_rank``) and its
 ``ProbeResult``; ``measure`` has the measurement primitives and ``ProbeConfig``, ``phases``
-the phases (pairs, blasts, fans). Every name is importable from here as before.
+the phases (pairs, blasts, fans).
 """
 
 from __future__ import annotations
@@ -28,28 +28,13 @@ import numpy as np
 import torch
 
 from dssync.collectives.base import Communicator
-from dssync.probing.measure import (  # noqa: F401 (re-exported)
-    _TAG,
-    _WINDOW,
-    ProbeConfig,
-    _Iperf3,
-    _Link,
-    _ping_pong,
-    _stream,
-    _streams,
-    interface_address,
-)
-from dssync.probing.phases import (  # noqa: F401 (re-exported)
-    _RECHECK_GAP_S,
-    _RECHECK_PEERS,
-    _RECHECK_PINGS,
-    _RECHECK_WINDOWS,
+from dssync.probing.measure import ProbeConfig, _Iperf3, _Link
+from dssync.probing.phases import (
     _bandwidth_pair,
     _echo,
     _fans,
     _latency_pair,
     _phase,
-    _waits_on,
     blast_flows,
     round_robin_rounds,
 )
@@ -83,11 +68,8 @@ __all__ = [
     "ProbeConfig",
     "ProbeResult",
     "best_paths",
-    "blast_flows",
     "host_name",
-    "interface_address",
     "probe_rank",
-    "round_robin_rounds",
     "settle_racks",
 ]
 

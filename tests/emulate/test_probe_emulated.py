@@ -119,13 +119,13 @@ def test_probe_on_generated_layouts_is_right_or_says_it_is_unsure(index, name):
 RECHECK = """
 import json
 from dssync.launch.spawn import run_ranks
-from dssync.probing import probe
+from dssync.probing import measure, phases
 
 def rank(comm):
-    link = probe._Link(comm)
-    cfg = probe.ProbeConfig()
+    link = measure._Link(comm)
+    cfg = measure.ProbeConfig()
     comm.barrier()
-    return {"queued": probe._waits_on(comm, link, cfg, 2, 3), "clear": probe._waits_on(comm, link, cfg, 0, 1)}
+    return {"queued": phases._waits_on(comm, link, cfg, 2, 3), "clear": phases._waits_on(comm, link, cfg, 0, 1)}
 
 result = run_ranks(rank, nproc=None, timeout_s=30)
 if result[0] is not None:
@@ -137,7 +137,7 @@ def test_the_fan_recheck_sees_another_jobs_queue_at_a_nic_and_none_on_a_clear_pa
     """``_waits_on`` (pings in windows spread over time) against the cluster as built:
     another job's two streams through rank 2's NIC keep a queue there, rank 0 and 1 share
     a quiet rack. The queued path waits more than ``DELAY_RATIO`` times the clear one."""
-    from dssync.topology.infer import DELAY_RATIO
+    from dssync.topology.matrices import DELAY_RATIO
 
     script = tmp_path / "recheck.py"
     script.write_text(RECHECK)

@@ -11,7 +11,7 @@ import pytest
 
 from dssync.errors import DssyncError
 from dssync.launch import run_ranks
-from dssync.probing.probe import blast_flows, round_robin_rounds
+from dssync.probing.phases import blast_flows, round_robin_rounds
 from dssync.topology import Topology
 
 SMALL = ("--message-mb", "0.0625", "--bandwidth-seconds", "0.05", "--latency-reps", "5", "--timeout", "60")
@@ -136,7 +136,7 @@ def silent_peer(comm):
     """Rank 0 waits for a ping that rank 1 never sends."""
     import torch
 
-    from dssync.probing.probe import _Link
+    from dssync.probing.measure import _Link
 
     if comm.rank == 1:
         time.sleep(4)

@@ -9,22 +9,17 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from dssync.topology.contention import unsure_flags
-from dssync.topology.infer import (
-    classify_contention,
-    clear_latency,
-    fan_clears,
+from dssync.topology.contention import classify_contention, fan_clears, nic_suspects, unsure_flags
+from dssync.topology.matrices import clear_latency, queued_ranks, renumber_racks
+from dssync.topology.placement import (
+    RackFit,
     filled,
-    fit_racks,
     held,
-    infer_racks,
-    nic_suspects,
     place_behind_standing_queue,
     place_blind,
-    queued_ranks,
-    renumber_racks,
+    split_across_queues,
 )
-from dssync.topology.placement import RackFit, split_across_queues
+from dssync.topology.racks import fit_racks, infer_racks
 
 
 def matrices(racks, *, intra_gbps=1.0, inter_gbps=0.25, intra_us=30.0, inter_us=200.0,
@@ -801,7 +796,6 @@ def standing_queue_latency(outside=()):
 
 def queued_fit():
     """What the pairs leave: the clear ranks' racks, ranks 4 and 5 blind and unplaced."""
-    from dssync.topology.infer import RackFit
 
     return RackFit(n=8, groups=[[0, 1, 2, 3], [6, 7]], blind=[4, 5], candidates={4: [0, 1], 5: [0, 1]})
 
