@@ -8,6 +8,7 @@ Shared by the server (``dssync.ps.server``), partial synchronization
 from __future__ import annotations
 
 import contextlib
+import enum
 import hashlib
 import hmac
 import os
@@ -24,10 +25,30 @@ import numpy as np
 from dssync.collectives import Communicator
 from dssync.errors import CommunicationError
 
-__all__ = ["accept_each", "connect", "job_secret", "refuse", "shard_bounds"]
+__all__ = ["HEADER", "Op", "accept_each", "connect", "job_secret", "local_address", "recv_exact", "recv_header",
+           "refuse", "shard_bounds"]
 
-_HEADER = struct.Struct("!BHqqQ")  # op, worker, clock, version, payload bytes
-_PUSHPULL, _PULL, _REPLY, _STOP, _FAIL = 1, 2, 3, 4, 5
+#: Every message's header: op, worker, clock, version, payload bytes; the payload follows.
+HEADER = struct.Struct("!BHqqQ")
+
+
+class Op(enum.IntEnum):
+    """The first byte of every message between the parameter servers and their workers."""
+
+    PUSHPULL = 1
+    """A gradient in; the shard's parameters back (``REPLY``), or ``FAIL``."""
+    PULL = 2
+    """The shard's parameters back, no gradient."""
+    REPLY = 3
+    """The server's answer: the shard's parameters and their version."""
+    STOP = 4
+    """The worker is done with this shard."""
+    FAIL = 5
+    """The server's error text, instead of a reply."""
+    IDLE = 6
+    """Partial synchronization: the worker leaves the rounds for a while (a collective elsewhere)."""
+    ACTIVE = 7
+    """Partial synchronization: the worker is back in the rounds."""
 
 
 def shard_bounds(numel: int, shards: int) -> list[tuple[int, int]]:
@@ -36,7 +57,8 @@ def shard_bounds(numel: int, shards: int) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
 
 
-def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+def recv_exact(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` from ``sock``; ``ConnectionError`` if the peer closes first."""
     while view.nbytes:
         got = sock.recv_into(view)
         if got == 0:
@@ -44,13 +66,14 @@ def _recv_exact(sock: socket.socket, view: memoryview) -> None:
         view = view[got:]
 
 
-def _recv_header(sock: socket.socket) -> tuple[int, int, int, int, int]:
-    buf = bytearray(_HEADER.size)
-    _recv_exact(sock, memoryview(buf))
-    return _HEADER.unpack(buf)
+def recv_header(sock: socket.socket) -> tuple[int, int, int, int, int]:
+    """The next ``HEADER``: op, worker, clock, version, payload bytes."""
+    buf = bytearray(HEADER.size)
+    recv_exact(sock, memoryview(buf))
+    return HEADER.unpack(buf)
 
 
-def _local_address() -> str:
+def local_address() -> str:
     """This host's address on the path to the job's master (no packet is sent)."""
     master = os.environ.get("MASTER_ADDR", "127.0.0.1")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -84,7 +107,7 @@ def _admit(conn: socket.socket, secret: bytes, count: int) -> int | str:
         conn.settimeout(HANDSHAKE_S)
         conn.sendall(nonce)
         buf = bytearray(2 + 32)
-        _recv_exact(conn, memoryview(buf))
+        recv_exact(conn, memoryview(buf))
     except (OSError, ConnectionError) as exc:
         return f"no credentials ({exc or 'timed out'})"
     (worker,) = struct.unpack("!H", buf[:2])
@@ -166,10 +189,10 @@ def connect(addr: tuple[str, int], timeout_s: float, what: str, *, secret: bytes
             time.sleep(0.05)
     try:
         nonce = bytearray(_NONCE)
-        _recv_exact(sock, memoryview(nonce))
+        recv_exact(sock, memoryview(nonce))
         sock.sendall(struct.pack("!H", worker) + _proof(secret, bytes(nonce), worker))
         ack = bytearray(1)
-        _recv_exact(sock, memoryview(ack))
+        recv_exact(sock, memoryview(ack))
     except (OSError, ConnectionError) as exc:
         sock.close()
         raise CommunicationError(f"{what} at {addr[0]}:{addr[1]}: the handshake failed ({exc}); is it this "

@@ -65,20 +65,16 @@ import torch
 from dssync.collectives import Communicator
 from dssync.errors import CommunicationError
 from dssync.ps.framing import (
-    _HEADER,
-    _PULL,
-    _PUSHPULL,
-    _REPLY,
-    _STOP,
-    _recv_exact,
-    _recv_header,
+    HEADER,
+    Op,
+    recv_exact,
+    recv_header,
     refuse,
 )
 from dssync.ps.server import ParameterServer
 
 __all__ = ["PartialServer", "RoundShard"]
 
-_IDLE, _ACTIVE = 6, 7  # a worker leaves the rounds for a while (a collective elsewhere) / comes back
 
 
 class RoundShard:
@@ -220,7 +216,7 @@ class PartialServer(ParameterServer):
     def _broadcast(self, block: np.ndarray, version: int) -> None:
         with self._outbox_lock:
             for box in self._outboxes:
-                box.put((block, version, _REPLY))
+                box.put((block, version, Op.REPLY))
 
     def _serve(self, conn: socket.socket) -> None:
         shard = self._shard
@@ -235,25 +231,25 @@ class PartialServer(ParameterServer):
         try:
             while True:
                 try:
-                    op, worker, version, _, nbytes = _recv_header(conn)
+                    op, worker, version, _, nbytes = recv_header(conn)
                 except (ConnectionError, OSError):
                     return
-                if worker >= self.n or op not in (_STOP, _IDLE, _ACTIVE, _PULL, _PUSHPULL):
+                if worker >= self.n or op not in (Op.STOP, Op.IDLE, Op.ACTIVE, Op.PULL, Op.PUSHPULL):
                     refuse(conn, f"rank {self.rank}'s partial-sync shard",
                            f"a malformed frame (operation {op}, worker {worker})")
                     return
-                if op in (_STOP, _IDLE, _ACTIVE):
-                    shard.set_active(worker, op == _ACTIVE)
-                    if op == _STOP:
+                if op in (Op.STOP, Op.IDLE, Op.ACTIVE):
+                    shard.set_active(worker, op == Op.ACTIVE)
+                    if op == Op.STOP:
                         return
                     continue
-                if op == _PULL:
+                if op == Op.PULL:
                     with shard.lock:
-                        outbox.put((shard.params.copy(), shard.version, _PULL))
+                        outbox.put((shard.params.copy(), shard.version, Op.PULL))
                     continue
-                if op != _PUSHPULL or nbytes != grad.nbytes:
+                if op != Op.PUSHPULL or nbytes != grad.nbytes:
                     return  # a peer with another model: drop it; its client times out, named
-                _recv_exact(conn, memoryview(grad).cast("B"))
+                recv_exact(conn, memoryview(grad).cast("B"))
                 shard.push(worker, version, grad)
         finally:
             with self._outbox_lock:
@@ -266,13 +262,13 @@ class PartialServer(ParameterServer):
         """Send this connection's blocks in order; a delayed one holds up the ones behind it."""
         while (item := outbox.get()) is not None:
             block, version, kind = item
-            if kind == _REPLY and self.delay_prob and self._rng.random() < self.delay_prob:
+            if kind == Op.REPLY and self.delay_prob and self._rng.random() < self.delay_prob:
                 with self._outbox_lock:
                     self.delayed += 1
                 if stopping.wait(self.delay_s):
                     return
             try:
-                conn.sendall(_HEADER.pack(kind, self.rank, version, version, block.nbytes))
+                conn.sendall(HEADER.pack(kind, self.rank, version, version, block.nbytes))
                 conn.sendall(memoryview(block).cast("B"))
             except OSError:
                 return
@@ -283,11 +279,11 @@ class PartialServer(ParameterServer):
         incoming = np.empty_like(self._staged[shard])
         while True:
             try:
-                kind, _, _, version, nbytes = _recv_header(sock)
-                if kind not in (_REPLY, _PULL) or nbytes != incoming.nbytes:
+                kind, _, _, version, nbytes = recv_header(sock)
+                if kind not in (Op.REPLY, Op.PULL) or nbytes != incoming.nbytes:
                     raise CommunicationError(f"the shard of rank {shard} sent {nbytes} bytes, expected "
                                              f"{incoming.nbytes}; do all ranks train the same model?")
-                _recv_exact(sock, memoryview(incoming).cast("B"))
+                recv_exact(sock, memoryview(incoming).cast("B"))
             except (OSError, ConnectionError, CommunicationError) as exc:
                 with self._fresh:
                     if self._failure is None and not self._closing:
@@ -298,7 +294,7 @@ class PartialServer(ParameterServer):
                 if version >= self._staged_version[shard]:
                     self._staged[shard], incoming = incoming, self._staged[shard]
                     self._staged_version[shard] = version
-                if kind == _PULL:
+                if kind == Op.PULL:
                     self._pull_replies[shard] += 1
                 self._fresh.notify_all()
 
@@ -344,7 +340,7 @@ class PartialServer(ParameterServer):
         t0 = time.perf_counter()
         try:
             for shard, (sock, payload) in enumerate(zip(self._socks, views, strict=True)):  # noqa: B007
-                sock.sendall(_HEADER.pack(_PUSHPULL, self.rank, pushed[shard], 0, payload.nbytes) + payload)
+                sock.sendall(HEADER.pack(Op.PUSHPULL, self.rank, pushed[shard], 0, payload.nbytes) + payload)
         except OSError as exc:
             raise CommunicationError(f"rank {self.rank}: push at iteration {clock} to the shard of rank {shard} "
                                      f"failed: {exc or type(exc).__name__}") from None
@@ -357,7 +353,7 @@ class PartialServer(ParameterServer):
             before = list(self._pull_replies)
         try:
             for sock in self._socks:
-                sock.sendall(_HEADER.pack(_PULL, self.rank, -1, 0, 0))
+                sock.sendall(HEADER.pack(Op.PULL, self.rank, -1, 0, 0))
         except OSError as exc:
             raise CommunicationError(f"rank {self.rank}: pull: {exc or type(exc).__name__}") from None
         with self._fresh:
@@ -371,10 +367,10 @@ class PartialServer(ParameterServer):
         collective elsewhere, such as an evaluation's barrier) or is back. Rounds then close
         without it, so a worker still pushing is never left waiting for a quorum that the
         idle ones cannot make."""
-        op = _IDLE if idle else _ACTIVE
+        op = Op.IDLE if idle else Op.ACTIVE
         try:
             for sock in self._socks:
-                sock.sendall(_HEADER.pack(op, self.rank, -1, 0, 0))
+                sock.sendall(HEADER.pack(op, self.rank, -1, 0, 0))
         except OSError as exc:
             raise CommunicationError(f"rank {self.rank}: telling the shards it is "
                                      f"{'idle' if idle else 'back'}: {exc or type(exc).__name__}") from None

@@ -35,18 +35,14 @@ import torch
 from dssync.collectives import Communicator
 from dssync.errors import CommunicationError
 from dssync.ps.framing import (
-    _FAIL,
-    _HEADER,
-    _PULL,
-    _PUSHPULL,
-    _REPLY,
-    _STOP,
-    _local_address,
-    _recv_exact,
-    _recv_header,
+    HEADER,
+    Op,
     accept_each,
     connect,
     job_secret,
+    local_address,
+    recv_exact,
+    recv_header,
     refuse,
     shard_bounds,
 )
@@ -121,7 +117,7 @@ class ParameterServer:
         self._shard = self._new_shard(flat[start:stop].numpy().copy(), lr=lr, momentum=momentum,
                                       staleness=staleness)
         self._secret = job_secret(comm)
-        self._listener = socket.create_server((_local_address(), 0), backlog=self.n)
+        self._listener = socket.create_server((local_address(), 0), backlog=self.n)
         self._listener.settimeout(self.timeout_s)
         self._threads: list[threading.Thread] = []
         accept = threading.Thread(target=self._accept, name=f"ps-accept-{self.rank}", daemon=True)
@@ -146,29 +142,29 @@ class ParameterServer:
         with conn:
             while True:
                 try:
-                    op, worker, clock, _, nbytes = _recv_header(conn)
+                    op, worker, clock, _, nbytes = recv_header(conn)
                 except (ConnectionError, OSError):
                     return
-                if op == _STOP:
+                if op == Op.STOP:
                     return
-                if op not in (_PUSHPULL, _PULL) or worker >= self.n or (op == _PULL and nbytes):
+                if op not in (Op.PUSHPULL, Op.PULL) or worker >= self.n or (op == Op.PULL and nbytes):
                     refuse(conn, f"rank {self.rank}'s parameter-server shard",
                            f"a malformed frame (operation {op}, worker {worker}, {nbytes} bytes)")
                     return
-                if op == _PUSHPULL:
+                if op == Op.PUSHPULL:
                     if nbytes != grad.nbytes:
                         return  # a peer with another model: drop it; its client times out, named
-                    _recv_exact(conn, memoryview(grad).cast("B"))
+                    recv_exact(conn, memoryview(grad).cast("B"))
                     shard.apply(worker, clock, grad)
                     failure = shard.wait_fresh(worker, clock)
                     if failure is not None:
                         text = failure.encode()
-                        conn.sendall(_HEADER.pack(_FAIL, self.rank, clock, 0, len(text)) + text)
+                        conn.sendall(HEADER.pack(Op.FAIL, self.rank, clock, 0, len(text)) + text)
                         return
                 with shard.cond:
                     out[:] = shard.params
                     version = shard.version
-                conn.sendall(_HEADER.pack(_REPLY, self.rank, clock, version, out.nbytes))
+                conn.sendall(HEADER.pack(Op.REPLY, self.rank, clock, version, out.nbytes))
                 conn.sendall(memoryview(out).cast("B"))
 
     # -- client side ------------------------------------------------------------------------
@@ -182,28 +178,28 @@ class ParameterServer:
         return [memoryview(arr[a:b]).cast("B") for a, b in self.bounds]
 
     def _exchange(self, op: int, clock: int, grad: torch.Tensor | None) -> None:
-        what = "push and pull" if op == _PUSHPULL else "pull"
+        what = "push and pull" if op == Op.PUSHPULL else "pull"
         sent = self._views(grad) if grad is not None else [memoryview(b"")] * self.n
         into = self._views(self.flat)
         shard = -1
         started = time.monotonic()
         try:
             for shard, (sock, payload) in enumerate(zip(self._socks, sent, strict=True)):  # noqa: B007
-                sock.sendall(_HEADER.pack(op, self.rank, clock, 0, payload.nbytes))
+                sock.sendall(HEADER.pack(op, self.rank, clock, 0, payload.nbytes))
                 if payload.nbytes:
                     sock.sendall(payload)
             for shard, (sock, view) in enumerate(zip(self._socks, into, strict=True)):
-                kind, _, _, version, nbytes = _recv_header(sock)
-                if kind == _FAIL:
+                kind, _, _, version, nbytes = recv_header(sock)
+                if kind == Op.FAIL:
                     text = bytearray(nbytes)
-                    _recv_exact(sock, memoryview(text))
+                    recv_exact(sock, memoryview(text))
                     raise CommunicationError(f"rank {self.rank}: {what} at clock {clock} on the shard of rank "
                                              f"{shard}: {text.decode()}")
-                if kind != _REPLY or nbytes != view.nbytes:
+                if kind != Op.REPLY or nbytes != view.nbytes:
                     raise CommunicationError(f"rank {self.rank}: the shard of rank {shard} answered "
                                              f"{nbytes} bytes, expected {view.nbytes}; do all ranks train "
                                              "the same model?")
-                _recv_exact(sock, view)
+                recv_exact(sock, view)
                 self.versions[shard] = version
         except (TimeoutError, ConnectionError, OSError) as exc:
             raise CommunicationError(f"rank {self.rank}: {what} at clock {clock} with the parameter-server "
@@ -215,11 +211,11 @@ class ParameterServer:
         """Push this worker's gradient of iteration ``clock`` to every shard and pull the result."""
         if grad.shape != self.flat.shape or grad.dtype != torch.float32:
             raise ValueError(f"gradient must match the parameter buffer ({self.flat.numel()} float32)")
-        self._exchange(_PUSHPULL, clock, grad.contiguous())
+        self._exchange(Op.PUSHPULL, clock, grad.contiguous())
 
     def pull(self) -> None:
         """Overwrite the parameter buffer with every shard's current parameters."""
-        self._exchange(_PULL, -1, None)
+        self._exchange(Op.PULL, -1, None)
 
     def pull_settled(self) -> None:
         """Collective: once every worker has stopped pushing (a barrier), pull, so every
@@ -233,7 +229,7 @@ class ParameterServer:
         receive or an update when the process tears down its libraries."""
         for sock in self._socks:
             try:
-                sock.sendall(_HEADER.pack(_STOP, self.rank, 0, 0, 0))
+                sock.sendall(HEADER.pack(Op.STOP, self.rank, 0, 0, 0))
                 sock.close()
             except OSError:
                 pass

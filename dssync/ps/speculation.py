@@ -50,7 +50,7 @@ import numpy as np
 
 from dssync.collectives import Communicator
 from dssync.errors import CommunicationError
-from dssync.ps.framing import _local_address, _recv_exact, accept_each, connect, refuse
+from dssync.ps.framing import accept_each, connect, local_address, recv_exact, refuse
 
 __all__ = ["Scheduler", "SchedulerClient", "Tuning", "tune"]
 
@@ -126,7 +126,7 @@ class Scheduler:
         self._socks: dict[int, socket.socket] = {}
         self._send_locks = [threading.Lock() for _ in range(m)]
         self._stopped = False
-        self._listener = socket.create_server((_local_address(), 0), backlog=m)
+        self._listener = socket.create_server((local_address(), 0), backlog=m)
         self._listener.settimeout(timeout_s)
         self.address = self._listener.getsockname()[:2]
         self._threads = [threading.Thread(target=self._accept, name="specsync-accept", daemon=True),
@@ -142,7 +142,7 @@ class Scheduler:
         with conn:
             while True:
                 try:
-                    _recv_exact(conn, memoryview(buf))
+                    recv_exact(conn, memoryview(buf))
                 except (ConnectionError, OSError):
                     return
                 op, worker, iteration = _MSG.unpack(buf)
@@ -246,7 +246,7 @@ class SchedulerClient:
         buf = bytearray(_MSG.size)
         while True:
             try:
-                _recv_exact(self._sock, memoryview(buf))
+                recv_exact(self._sock, memoryview(buf))
             except (ConnectionError, OSError):
                 return
             op, _, iteration = _MSG.unpack(buf)

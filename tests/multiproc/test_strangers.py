@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from dssync.errors import CommunicationError
-from dssync.ps.framing import _HEADER, _PULL, accept_each, connect
+from dssync.ps.framing import HEADER, Op, accept_each, connect
 
 SECRET = bytes(range(32))
 
@@ -47,8 +47,8 @@ def _server(count):
 
     def serve(conn):
         with conn:
-            buf = conn.recv(_HEADER.size)
-            served.append(_HEADER.unpack(buf)[1])
+            buf = conn.recv(HEADER.size)
+            served.append(HEADER.unpack(buf)[1])
             conn.sendall(b"model bytes")
 
     accept = threading.Thread(target=accept_each, args=(listener, count, serve, "test server", threads),
@@ -60,13 +60,13 @@ def _server(count):
 @pytest.mark.parametrize("kind", ["silent", "garbage", "http", "header"])
 def test_a_stranger_that_connects_first_gets_nothing_and_takes_no_place(kind, capfd):
     port, served, accept = _server(count=2)
-    forged = _HEADER.pack(_PULL, 0, 0, 0, 0).hex()
+    forged = HEADER.pack(Op.PULL, 0, 0, 0, 0).hex()
     stranger = subprocess.Popen([sys.executable, "-c", STRANGER, kind, str(port), forged],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert stranger.stdout.readline().strip() == "connected"  # first in the queue
     workers = [connect(("127.0.0.1", port), 20, f"worker {w}", secret=SECRET, worker=w) for w in (0, 1)]
     for w, sock in enumerate(workers):
-        sock.sendall(_HEADER.pack(_PULL, w, 0, 0, 0))
+        sock.sendall(HEADER.pack(Op.PULL, w, 0, 0, 0))
         assert sock.recv(64) == b"model bytes"
         sock.close()
     accept.join(timeout=30)
@@ -91,7 +91,7 @@ def test_a_wrong_secret_or_worker_out_of_range_is_refused_and_the_job_goes_on(ca
     with pytest.raises(CommunicationError, match="handshake failed"):
         connect(("127.0.0.1", port), 5, "worker 7", secret=SECRET, worker=7)
     sock = connect(("127.0.0.1", port), 5, "worker 0", secret=SECRET, worker=0)
-    sock.sendall(_HEADER.pack(_PULL, 0, 0, 0, 0))
+    sock.sendall(HEADER.pack(Op.PULL, 0, 0, 0, 0))
     assert sock.recv(64) == b"model bytes"
     sock.close()
     accept.join(timeout=30)
