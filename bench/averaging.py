@@ -25,6 +25,8 @@ from dssync.training.tasks import build_task
 
 __all__ = ["averaging_rank", "summarize"]
 
+DS = DSSyncStrategy.name  # the side that averages through the strategy; "bare" is the plain allreduce
+
 
 def averaging_rank(comm: Communicator, rack_sizes: list[int], size_mb: float,
                    trials: int, warmup: int) -> dict[str, Any] | None:
@@ -40,11 +42,11 @@ def averaging_rank(comm: Communicator, rack_sizes: list[int], size_mb: float,
         for step in range(period):
             group = strategy.schedule.group_of(comm.rank, step)
             pg = comm.process_group(group) if len(group) > 1 else None  # type: ignore[attr-defined]
-            order = ("ds-sync", "bare") if trial % 2 == 0 else ("bare", "ds-sync")
+            order = (DS, "bare") if trial % 2 == 0 else ("bare", DS)
             for side in order:
                 comm.barrier()
                 t0 = time.perf_counter()
-                if side == "ds-sync":
+                if side == DS:
                     strategy.average(step)
                 elif len(group) > 1:
                     dist.all_reduce(bare, group=pg)
@@ -64,11 +66,11 @@ def summarize(gathered: list[list[tuple[int, int, str, float]]], *, warmup: int,
             key = (trial, step, side)
             rounds[key] = max(rounds.get(key, 0.0), seconds)
     ms = {side: [v * 1e3 for (trial, _, s), v in sorted(rounds.items()) if s == side and trial >= warmup]
-          for side in ("ds-sync", "bare")}
+          for side in (DS, "bare")}
     med = {side: statistics.median(v) for side, v in ms.items()}
     return {
         "bytes": numel * 4, "world_size": sum(rack_sizes), "rack_sizes": rack_sizes,
-        "period": period, "ds_sync_ms": med["ds-sync"], "bare_allreduce_ms": med["bare"],
-        "ratio": med["ds-sync"] / med["bare"],
+        "period": period, "ds_sync_ms": med[DS], "bare_allreduce_ms": med["bare"],
+        "ratio": med[DS] / med["bare"],
         "samples_ms": ms,
     }

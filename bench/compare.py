@@ -127,8 +127,10 @@ def _train(cluster: str, out: Path, strategy: str, rep: int, goal: float | None,
     if given; its record, or ``{"error": ...}`` (one failed job loses neither the others nor itself)."""
     base, settings = parse_variant(strategy)
     sets, own = split_settings(settings)
+    from dssync.strategies import having
+
     args = ["--strategy", base, "--seed", str(rep), *common, *own, *[a for kv in sets for a in ("--set", kv)]]
-    if base == "ds-sync" and adjust_every:
+    if adjust_every and base in having("adjust_every"):
         args += ["--adjust-every", str(adjust_every)]
     if goal is not None:
         args += ["--target-accuracy", repr(goal)]

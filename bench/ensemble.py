@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from dssync.errors import DssyncError
+from dssync.strategies import DSSyncStrategy
 from dssync.training.loop import TrainConfig, train
 
 __all__ = ["compare_ensembles", "parse_rule", "summarize_ensembles"]
@@ -46,7 +47,7 @@ def compare_ensembles(base: TrainConfig, rules: Sequence[str], seeds: Sequence[i
     records = []
     for seed in seeds:
         for rule in rules:
-            cfg = replace(base, strategy="ds-sync", seed=seed,
+            cfg = replace(base, strategy=DSSyncStrategy.name, seed=seed,
                           strategy_options={**base.strategy_options, **settings[rule]})
             rec = train(cfg, nproc=nproc)
             rec.update(rule=rule, seed=seed)

@@ -44,7 +44,9 @@ def compare_overlap(rack_sizes: Sequence[int], *, nic: str, uplink: str, flows: 
         raise ValueError(f"reps, steps and batch size must be positive, got {reps}, {steps}, {batch_size}")
     if bucket_mb < 0:
         raise ValueError(f"bucket_mb must be 0 (one allreduce per layer) or positive, got {bucket_mb}")
-    common = ["--strategy", "ds-sync", "--task", task, "--steps", str(steps), "--batch-size", str(batch_size),
+    from dssync.strategies import DSSyncStrategy
+
+    common = ["--strategy", DSSyncStrategy.name, "--task", task, "--steps", str(steps), "--batch-size", str(batch_size),
               "--eval-every", str(steps), "--rack-sizes", ",".join(map(str, rack_sizes))]
     runs: list[dict[str, Any]] = []
     with emulate.cluster(list(rack_sizes), nic=nic, uplink=uplink, name=name), \

@@ -223,8 +223,11 @@ def fit_background(samples: Sequence[dict[str, Any]], net: Network) -> dict[str,
 # -- 2. and 3. jobs ----------------------------------------------------------------------------
 def _job(name: str, tmp: Path, scenario: str, strategy: str, *, seed: int, model_mb: float, steps: int,
          warmup: int, timeout_s: float, topo: Path) -> dict[str, Any]:
+    from dssync.strategies import get_strategy
+
     spec = emulate.SCENARIOS[scenario]
-    where = ["--topology", str(topo)] if strategy == "ds-sync" else \
+    # a strategy that plans around the network gets the probed topology, the others the racks
+    where = ["--topology", str(topo)] if get_strategy(strategy).probes else \
         ["--rack-sizes", ",".join(map(str, spec["rack_sizes"]))]
     rec = train_on_cluster(name, tmp / f"{strategy}-{seed}.json", [
         "--strategy", strategy, "--task", "synthetic", "--model-mb", str(model_mb), "--seed", str(seed),

@@ -12,12 +12,13 @@ import argparse
 from pathlib import Path
 
 from dssync._jsonfile import write_json
+from dssync.strategies import AllreduceStrategy, DSSyncStrategy
 from dssync.topology import Topology
 from dssync.training.loop import TrainConfig, train
 
 __all__ = ["add_parser", "run"]
 
-STRATEGIES = ("allreduce", "ds-sync")
+STRATEGIES = (AllreduceStrategy.name, DSSyncStrategy.name)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -46,6 +46,7 @@ def run_ensemble(args: argparse.Namespace) -> int:
 
     from dssync.bench.ensemble import compare_ensembles, summarize_ensembles
     from dssync.commands._common import schedule_from_args
+    from dssync.strategies import DSSyncStrategy
     from dssync.training.loop import TrainConfig
 
     if args.seeds < 1:
@@ -53,7 +54,7 @@ def run_ensemble(args: argparse.Namespace) -> int:
     rules = [r.strip() for r in args.rules.split(",") if r.strip()]
     topology = topology_from_args(args)
     eval_every, warmup = _eval_and_warmup(args)
-    base = TrainConfig(strategy="ds-sync", task=args.task, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+    base = TrainConfig(strategy=DSSyncStrategy.name, task=args.task, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                        lr_schedule=args.lr_schedule, eval_every=eval_every, warmup_steps=warmup,
                        topology=topology, num_racks=args.racks or 2, schedule=schedule_from_args(args),
                        timeout_s=args.timeout)
