@@ -3,7 +3,7 @@ same paths clear, at several ack windows and stream lengths, with iperf3 beside 
 
 ``python -m dssync.bench.busy_ingress --json bench/results/busy-ingress.json`` (root) builds
 two racks of two at 1 Gbit/s, and times single streams between rank 2 (rack 1) and rank 0
-(rack 0) with the probe's timed-stream protocol (``dssync.probing.measure._stream``: a
+(rack 0) with the probe's timed-stream protocol (``dssync.probing.measure.timed_stream``: a
 message, the receiver's ack, at most ``window`` messages unacked), first with the cluster
 clear, then with another job's streams leaving rack 0 (``emulate contend --flows rack:0``).
 "into" is 2->0: its data enters rack 0 on the free direction of the uplink and only its acks
@@ -89,20 +89,20 @@ class _FreshStreams:
 def _worker(comm: Any, out: str, reps: int) -> None:
     """One rank's part, run by ``run_ranks`` under ``emulate.run``."""
     from dssync.probing import measure as m
-    from dssync.probing.phases import _phase
+    from dssync.probing.phases import concurrent_phase
 
-    link = m._Link(comm)
-    iperf = m._Iperf3(comm, m.ProbeConfig(iperf_seconds=1), base_port=5381)
+    link = m.Link(comm)
+    iperf = m.Iperf3(comm, m.ProbeConfig(iperf_seconds=1), base_port=5381)
     fresh = _FreshStreams(comm)
     comm.barrier()
     rows: list[dict[str, Any]] = []
     try:
         for rep in range(reps):
             for window, seconds in SETTINGS:
-                m._WINDOW = window
+                m.WINDOW = window
                 cfg = m.ProbeConfig(bandwidth_seconds=seconds)
                 for direction, flow in DIRECTIONS.items():
-                    rates, _ = _phase(comm, link, [flow], cfg, f"{direction} stream")
+                    rates, _ = concurrent_phase(comm, link, [flow], cfg, f"{direction} stream")
                     rows.append({"rep": rep, "tool": "probe", "window": window, "seconds": seconds,
                                  "direction": direction, "gbps": round(float(rates[flow]), 4)})
             for seconds in sorted({s for _, s in SETTINGS}):
@@ -117,7 +117,7 @@ def _worker(comm: Any, out: str, reps: int) -> None:
                 rows.append({"rep": rep, "tool": "iperf3", "window": None, "seconds": 1.0,
                              "direction": direction, "gbps": round(float(got), 4)})
     finally:
-        m._WINDOW = 2
+        m.WINDOW = 2
         iperf.close()
         fresh.close()
     # the TCP congestion control the ranks' connections use (their namespace's default):

@@ -1,6 +1,6 @@
 """The links of ``dssync simulate``'s model (``bench.simulate``): each one's capacity and the
 background TCP streams on it (``Network``), and what flows that start together cost on them
-(``_per_flow_times``, ``_host_time``, ``_step_time``)."""
+(``per_flow_times``, ``host_time``, ``step_time``)."""
 
 from __future__ import annotations
 
@@ -59,14 +59,14 @@ class Network:
         return Topology.from_rack_sizes(list(self.rack_sizes))
 
 
-def _step_time(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> float:
+def step_time(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> float:
     """Seconds for one step in which flow ``k`` moves ``nbytes[k]`` from ``src[k]`` to ``dst[k]``."""
     if src.size == 0:
         return 0.0
-    return net.alpha_s + max(float(_per_flow_times(net, src, dst, nbytes).max()), _host_time(net, src, dst, nbytes))
+    return net.alpha_s + max(float(per_flow_times(net, src, dst, nbytes).max()), host_time(net, src, dst, nbytes))
 
 
-def _host_time(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> float:
+def host_time(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> float:
     """Seconds the hosting machine needs to move one step's flows through its veths."""
     if not np.isfinite(net.host_bps):
         return 0.0
@@ -80,7 +80,7 @@ def _host_time(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarra
     return float((nbytes * crossings).sum()) / capacity
 
 
-def _per_flow_times(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+def per_flow_times(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
     """Seconds each flow takes when all of them start together: its first bytes (up to its
     share of ``head_bytes`` on a link with background streams) at the rate the job's flows
     would have alone, the rest at its share among the job's flows and the background's."""
@@ -92,7 +92,7 @@ def _per_flow_times(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.n
     nic_in = np.bincount(dst, minlength=n).astype(float)
     up_out = np.bincount(rs[cross], minlength=num_racks).astype(float)
     up_in = np.bincount(rd[cross], minlength=num_racks).astype(float)
-    bg_nic, bg_up = _background(net)
+    bg_nic, bg_up = background_streams(net)
     rates = []  # (rate alone, rate with the background, job flows on the link) per link a flow crosses
     for bg in (0, 1):
         rate = np.minimum(_share(net.nic_bps, nic_out[src], bg * net.local_weight * bg_nic[src]),
@@ -108,7 +108,7 @@ def _per_flow_times(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.n
     return np.where(busy, net.queue_s, 0.0) + head / alone + (nbytes - head) / shared
 
 
-def _background(net: Network) -> tuple[np.ndarray, np.ndarray]:
+def background_streams(net: Network) -> tuple[np.ndarray, np.ndarray]:
     """Background streams leaving each worker's NIC and each rack's uplink (a NIC's streams
     cross its rack's uplink too, with ``nic_crosses_uplink``)."""
     racks = net.rack_of()

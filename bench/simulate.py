@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from dssync.bench.links import Network, _background, _host_time, _per_flow_times, _step_time
+from dssync.bench.links import Network, background_streams, host_time, per_flow_times, step_time
 from dssync.planning.planner import plan
 from dssync.strategies.gossip import gossip_peers
 from dssync.topology import Topology
@@ -70,8 +70,8 @@ def _ring_groups(net: Network, groups: Sequence[Sequence[int]], size_bytes: floa
     # first, but while they run they share links with the others, so each group's step time
     # is its own flows' slowest rate under the common load (a bound, exact when all groups
     # have the same size).
-    per_flow = _per_flow_times(net, src, dst, sizes)
-    host = _host_time(net, src, dst, sizes)  # all groups' flows of one step, through one machine
+    per_flow = per_flow_times(net, src, dst, sizes)
+    host = host_time(net, src, dst, sizes)  # all groups' flows of one step, through one machine
     start = 0
     for k, g in zip(live, rings, strict=True):
         slowest = max(float(per_flow[start : start + len(g)].max()), host)
@@ -96,7 +96,7 @@ def _reduce_time(net: Network, groups: Sequence[Sequence[int]], size_bytes: floa
     src = np.array([r for g in groups for r in g[1:]])
     dst = np.array([g[0] for g in groups for _ in g[1:]])
     shares = np.array([size_bytes / len(g) for g in groups for _ in g[1:]])
-    return scatter + _step_time(net, src, dst, shares)
+    return scatter + step_time(net, src, dst, shares)
 
 
 def _broadcast_time(net: Network, groups: Sequence[Sequence[int]], size_bytes: float) -> float:
@@ -119,7 +119,7 @@ def _broadcast_time(net: Network, groups: Sequence[Sequence[int]], size_bytes: f
                         got.append(v + (1 << i))
             nxt.append(got)
         if src:
-            total += _step_time(net, np.array(src), np.array(dst), np.full(len(src), size_bytes))
+            total += step_time(net, np.array(src), np.array(dst), np.full(len(src), size_bytes))
         holders = nxt
     return total
 
@@ -218,7 +218,7 @@ def _gossip_rounds(net: Network, size_bytes: float) -> list[Any]:
         dst = np.array([gossip_peers(r, n, k)[0] for r in ranks], dtype=int)
         src = np.array([gossip_peers(r, n, k)[1] for r in ranks], dtype=int)
         sizes = np.full(n, size_bytes)
-        flow = np.maximum(_per_flow_times(net, ranks, dst, sizes), _host_time(net, ranks, dst, sizes))
+        flow = np.maximum(per_flow_times(net, ranks, dst, sizes), host_time(net, ranks, dst, sizes))
         link, sharing = _binding_links(net, ranks, dst)
         rounds.append((dst, src, flow, link, sharing, np.random.default_rng(k), net.alpha_s))
     return rounds
@@ -232,7 +232,7 @@ def _binding_links(net: Network, src: np.ndarray, dst: np.ndarray) -> tuple[np.n
     cross = rs != rd
     ids = np.stack([src, n + dst, np.where(cross, 2 * n + rs, -1), np.where(cross, 2 * n + len(net.rack_sizes) + rd, -1)])
     count = np.bincount(ids[ids >= 0], minlength=2 * n + 2 * len(net.rack_sizes)).astype(float)
-    bg_nic, bg_up = _background(net)
+    bg_nic, bg_up = background_streams(net)
     bg = np.concatenate([bg_nic, np.zeros(n), bg_up, np.zeros(len(net.rack_sizes))])
     caps = np.concatenate([np.full(2 * n, net.nic_bps), np.full(2 * len(net.rack_sizes), net.uplink_bps)])
     weight = np.concatenate([np.full(n, net.local_weight), np.full(n, 0.0), np.full(2 * len(net.rack_sizes),
@@ -252,14 +252,14 @@ def _all_to_all_time(net: Network, size_bytes: float) -> float:
     if n < 2:
         return 0.0
     sizes = np.asarray(net.rack_sizes, dtype=float)
-    bg_nic, bg_up = _background(net)
+    bg_nic, bg_up = background_streams(net)
     crossing = sizes * (n - sizes)
     live = crossing > 0
     share = size_bytes / n
     # the slowest flow on a link without background streams ...
     rate = min(net.nic_bps / (n - 1), float((net.uplink_bps / crossing[live]).min()) if live.any() else np.inf)
     seconds = share / (net.efficiency * rate)
-    # ... and on each link with them (a NIC, an uplink), as _per_flow_times prices it
+    # ... and on each link with them (a NIC, an uplink), as per_flow_times prices it
     for bps, flows, k in [(net.nic_bps, n - 1, net.local_weight * b) for b in bg_nic[bg_nic > 0]] + \
             [(net.uplink_bps, c, net.background_weight * b) for c, b in zip(crossing[live], bg_up[live], strict=True)
              if b > 0]:

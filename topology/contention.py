@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from dssync.topology.matrices import DEFAULT_SLOW_RATIO, FAN_RATIO, _loaded, _square
+from dssync.topology.matrices import DEFAULT_SLOW_RATIO, FAN_RATIO, loaded_direction, square_matrix
 
 
 def _nic_estimates(bw: np.ndarray, hosts: Sequence[str] | None, queued: Sequence[int] = (),
@@ -21,7 +21,7 @@ def _nic_estimates(bw: np.ndarray, hosts: Sequence[str] | None, queued: Sequence
     measures the CPU) and are left out; a rank with none off its host either way is not judged.
 
     A ``queued`` rank with two rack-mates or more (``racks``) counts, in its loaded direction
-    (``_loaded``), the median of its flows with those mates that are not queued themselves,
+    (``loaded_direction``), the median of its flows with those mates that are not queued themselves,
     not its best flow: a rack-mate's flow crosses only the two NICs, so where another job's
     flows hold this one, most of those flows are slow, and the best ran in a lull of theirs.
     (With one rack-mate, that mate may be the queued one: a rank of a rack of two whose mate's
@@ -42,7 +42,7 @@ def _nic_estimates(bw: np.ndarray, hosts: Sequence[str] | None, queued: Sequence
         clear = [j for j in mates if j not in queued]
         if i in best and len(mates) >= 2 and clear:
             out, into = best[i]
-            if _loaded(bw, i) == "out":
+            if loaded_direction(bw, i) == "out":
                 best[i] = (min(out, float(np.median(through_nic[i, clear]))), into)
             else:
                 best[i] = (out, min(into, float(np.median(through_nic[clear, i]))))
@@ -59,7 +59,7 @@ def nic_suspects(bandwidth_gbps: Any, hosts: Sequence[str] | None = None,
     link of its own (a rack of one beside a slow uplink and a slow NIC): both see only slow
     flows. ``fan_clears`` tells them apart from a fan of flows in those directions.
     """
-    best = _nic_estimates(_square("bandwidth_gbps", bandwidth_gbps), hosts, queued, racks)
+    best = _nic_estimates(square_matrix("bandwidth_gbps", bandwidth_gbps), hosts, queued, racks)
     worse = {i: min(pair) for i, pair in best.items()}
     if len(worse) <= 2:
         return {}
@@ -91,7 +91,7 @@ def fan_fraction(bandwidth_gbps: Any, racks: Sequence[int], rank: int, direction
                  rates: dict[int, float]) -> float | None:
     """What a fan carried over what its flows would carry if only their paths bound them
     (``fan_clears``); None with fewer than two bottlenecks, where the sum says nothing."""
-    bw = _square("bandwidth_gbps", bandwidth_gbps)
+    bw = square_matrix("bandwidth_gbps", bandwidth_gbps)
     single = bw[rank] if direction == "out" else bw[:, rank]
     alone: dict[Any, float] = {}
     for peer in rates:
@@ -219,7 +219,7 @@ def _judge(bandwidth_gbps: Any, racks: Sequence[int], uplink_gbps_by_rack: Seque
            fans: dict[int, dict[str, dict[int, float]]] | None = None, queued: Sequence[int] = ()) -> _Judgement:
     if not 0 < slow_ratio < 1:
         raise ValueError(f"slow_ratio must lie in (0, 1), got {slow_ratio}; 0.6 is the default")
-    bw = _square("bandwidth_gbps", bandwidth_gbps)
+    bw = square_matrix("bandwidth_gbps", bandwidth_gbps)
     n = bw.shape[0]
     if len(racks) != n:
         raise ValueError(f"racks names {len(racks)} ranks but bandwidth_gbps has {n}; give one rack per rank")

@@ -16,7 +16,7 @@ DEFAULT_RACK_GAP = 0.5
 DEFAULT_SLOW_RATIO = 0.6
 
 
-def _square(name: str, value: Any, n: int | None = None) -> np.ndarray:
+def square_matrix(name: str, value: Any, n: int | None = None) -> np.ndarray:
     arr = np.asarray(value, dtype=float)
     if arr.ndim != 2 or arr.shape[0] != arr.shape[1] or (n is not None and arr.shape[0] != n):
         want = "a square matrix" if n is None else f"a {n}x{n} matrix"
@@ -26,20 +26,20 @@ def _square(name: str, value: Any, n: int | None = None) -> np.ndarray:
     return arr
 
 
-def _nearest(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def nearest_cost(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``cost`` symmetrised, and each rank's smallest cost to any other rank."""
     sym = (cost + cost.T) / 2.0
     return sym, (sym + np.diag(np.full(len(sym), np.inf))).min(axis=1)
 
 
-def _ratio_to_nearest(cost: np.ndarray) -> np.ndarray | None:
+def ratio_to_nearest(cost: np.ndarray) -> np.ndarray | None:
     """Symmetrised ``cost`` divided by the typical nearest-neighbour cost (``None``: unusable).
 
     The scale is the median over ranks of each rank's smallest cost to any other rank: in a
     rack of two or more, a rank's nearest neighbour is a rack-mate, so this is the intra-rack
     level, whatever the absolute numbers (loopback, 1 GbE, InfiniBand).
     """
-    sym, nearest = _nearest(cost)
+    sym, nearest = nearest_cost(cost)
     base = float(np.median(nearest))
     if not np.isfinite(base) or base <= 0:
         return None
@@ -48,7 +48,7 @@ def _ratio_to_nearest(cost: np.ndarray) -> np.ndarray | None:
     return out
 
 
-def _bandwidth_cost(bw: np.ndarray, slow_ratio: float = DEFAULT_SLOW_RATIO,
+def bandwidth_cost(bw: np.ndarray, slow_ratio: float = DEFAULT_SLOW_RATIO,
                     queued: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
     """How many times slower each pair's path is than its endpoints' NICs allow.
 
@@ -60,7 +60,7 @@ def _bandwidth_cost(bw: np.ndarray, slow_ratio: float = DEFAULT_SLOW_RATIO,
     ``slow_ratio`` times the median rank's, says nothing about the path (every flow through
     that NIC is slow alike) and is left out, so a rank whose NIC is shared with another job
     still joins its rack through its clear direction (for a ``queued`` rank, the loaded
-    direction is left out, see ``_slow_ends``). Also returns which pairs had such an
+    direction is left out, see ``slow_ends``). Also returns which pairs had such an
     informative direction (a rank whose NIC is slow both ways sees no path at all).
     """
     bw = bw.copy()
@@ -68,7 +68,7 @@ def _bandwidth_cost(bw: np.ndarray, slow_ratio: float = DEFAULT_SLOW_RATIO,
     out_best, in_best = bw.max(axis=1), bw.max(axis=0)
     cost = np.full_like(bw, np.nan)
     np.divide(np.minimum.outer(out_best, in_best), bw, out=cost, where=bw > 0)
-    blind = np.logical_or.outer(*_slow_ends(bw, slow_ratio, queued))
+    blind = np.logical_or.outer(*slow_ends(bw, slow_ratio, queued))
     seen = np.where(blind, np.nan, cost)
     known = ~np.isnan(seen) | ~np.isnan(seen.T)
     with np.errstate(invalid="ignore"):
@@ -112,20 +112,20 @@ SHARP_RATIO = 0.6
 FAN_RATIO = 0.75
 
 
-def _slow_ends(bw: np.ndarray, slow_ratio: float, queued: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+def slow_ends(bw: np.ndarray, slow_ratio: float, queued: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
     """Per rank, whether its best outgoing and its best incoming flow (diagonal zero) are
     below ``slow_ratio`` of the median rank's: its NIC, not the path, bounds that direction.
     A ``queued`` rank (``queued_ranks``) shares its NIC with another job, so its loaded
-    direction counts as slow even where one lucky flow of it ran fast (``_loaded``)."""
+    direction counts as slow even where one lucky flow of it ran fast (``loaded_direction``)."""
     out_best, in_best = bw.max(axis=1), bw.max(axis=0)
     out_slow, in_slow = out_best < slow_ratio * np.median(out_best), in_best < slow_ratio * np.median(in_best)
     for i in queued:
         if not (out_slow[i] or in_slow[i]):
-            (out_slow if _loaded(bw, i) == "out" else in_slow)[i] = True
+            (out_slow if loaded_direction(bw, i) == "out" else in_slow)[i] = True
     return out_slow, in_slow
 
 
-def _loaded(bw: np.ndarray, i: int) -> str:
+def loaded_direction(bw: np.ndarray, i: int) -> str:
     """The direction of rank ``i``'s NIC that another job's flows load: the one whose median
     flow is slower (``"out"`` or ``"in"``; diagonal zero)."""
     others = np.arange(len(bw)) != i
@@ -136,14 +136,14 @@ def queued_ranks(latency_us: Any) -> list[int]:
     """Ranks behind a standing queue at their own NIC: even their fastest ping to anyone
     waits (above ``clear_latency``). Another job's flows fill that queue, so the rank's NIC
     is contended (paper Fig. 6) however fast one flow of it ran in a lull of that job's."""
-    lat = _square("latency_us", latency_us)
-    return np.flatnonzero(_nearest(lat)[1] > clear_latency(lat)).tolist()
+    lat = square_matrix("latency_us", latency_us)
+    return np.flatnonzero(nearest_cost(lat)[1] > clear_latency(lat)).tolist()
 
 
 def clear_latency(latency_us: np.ndarray) -> float:
     """One-way µs up to which a path is clear (no queue on it): ``DELAY_RATIO`` times the
     median rank's nearest-neighbour latency."""
-    return DELAY_RATIO * float(np.median(_nearest(latency_us)[1]))
+    return DELAY_RATIO * float(np.median(nearest_cost(latency_us)[1]))
 
 
 def ranks_text(ranks: Sequence[int], noun: str = "rank") -> str:

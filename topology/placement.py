@@ -17,11 +17,11 @@ from dssync.topology.matrices import (
     CONFIDENT_MARGIN,
     CROSS_RATIO,
     WAIT_RATIO,
-    _nearest,
-    _square,
     clear_latency,
+    nearest_cost,
     queued_ranks,
     renumber_racks,
+    square_matrix,
 )
 
 
@@ -61,7 +61,7 @@ class RackFit:
     unexplained: set[int] = field(default_factory=set)
     #: blind ranks latency placed in a group though their pings to another group waited: the
     #: latency clusters may be that group's queue alone, which a rack of their own waits for
-    #: as well (``_place_by_latency``): unsure until the telling rounds place them
+    #: as well (``place_by_latency``): unsure until the telling rounds place them
     queue_placed: set[int] = field(default_factory=set)
     #: clear ranks taken out of a group whose other members' pings to them wait in a queue
     #: (``split_across_queues``): on a rack of their own, unsure
@@ -118,7 +118,7 @@ class RackFit:
         }
 
 
-def _rule_out_by_queue(fit: RackFit, lat: np.ndarray, clear_us: float) -> None:
+def rule_out_by_queue(fit: RackFit, lat: np.ndarray, clear_us: float) -> None:
     """A blind rank's candidate groups narrowed by queues that other traffic keeps full.
 
     A slow NIC does not slow a small message, so a blind rank's pings still show its paths.
@@ -132,7 +132,7 @@ def _rule_out_by_queue(fit: RackFit, lat: np.ndarray, clear_us: float) -> None:
     """
     if len(fit.groups) < 2:
         return
-    sym = _nearest(lat)[0]
+    sym = nearest_cost(lat)[0]
     for j in fit.blind:
         if j in fit.placed or not fit.candidates.get(j):
             continue
@@ -144,7 +144,7 @@ def _rule_out_by_queue(fit: RackFit, lat: np.ndarray, clear_us: float) -> None:
                 fit.evidence[j] = "latency: its pings to group(s) " + ", ".join(map(str, waits)) + " wait in a queue"
 
 
-def _rack_behind_queue(fit: RackFit, bw: np.ndarray, lat: np.ndarray, clear_us: float) -> None:
+def rack_behind_queue(fit: RackFit, bw: np.ndarray, lat: np.ndarray, clear_us: float) -> None:
     """Blind ranks placed behind a standing queue their pings and flows show.
 
     Ranks whose pings to each other are clear (at most ``clear_us``), and to every other
@@ -199,7 +199,7 @@ def place_behind_standing_queue(fit: RackFit, latency_us: Any, clear_us: float, 
     ping out of ``g`` waits at rest already, and a group of two has no member to spare."""
     if len(fit.groups) < 2:
         return fit
-    sym = _nearest(_square("latency_us", latency_us, fit.n))[0]
+    sym = nearest_cost(square_matrix("latency_us", latency_us, fit.n))[0]
     for j in fit.blind:
         if j in fit.placed and j not in fit.tentative:
             continue
@@ -216,7 +216,7 @@ def place_behind_standing_queue(fit: RackFit, latency_us: Any, clear_us: float, 
     return fit
 
 
-def _place_by_latency(fit: RackFit, lat_labels: dict[int, int], lat: np.ndarray | None = None,
+def place_by_latency(fit: RackFit, lat_labels: dict[int, int], lat: np.ndarray | None = None,
                       clear_us: float = float("inf")) -> None:
     """Where latency separates racks the same way bandwidth does on the clear ranks, it
     places the blind ranks too (a slow NIC does not slow a small message). ``lat_labels``:
@@ -251,7 +251,7 @@ def _place_by_latency(fit: RackFit, lat_labels: dict[int, int], lat: np.ndarray 
                 fit.evidence[j] += ": its pings to another rack waited, as from a rack of its own"
 
 
-def _rule_out(fit: RackFit, bw: np.ndarray, hosts: Sequence[str] | None) -> None:
+def rule_out(fit: RackFit, bw: np.ndarray, hosts: Sequence[str] | None) -> None:
     """Candidates of each blind rank; place those that the pairs leave one group for."""
     off = bw.copy()
     np.fill_diagonal(off, 0.0)
@@ -295,8 +295,8 @@ def _rule_out(fit: RackFit, bw: np.ndarray, hosts: Sequence[str] | None) -> None
 
 def reassess_blind(fit: RackFit, bandwidth_gbps: Any, latency_us: Any, hosts: Sequence[str] | None) -> RackFit:
     """The blind ranks worked out again on ``fit.groups`` after its clear ranks moved (the
-    replay's racks): their candidates and what the pairs alone placed (``_rule_out``,
-    ``_rule_out_by_queue``) named the groups before the move. Blind ranks leave the groups
+    replay's racks): their candidates and what the pairs alone placed (``rule_out``,
+    ``rule_out_by_queue``) named the groups before the move. Blind ranks leave the groups
     they were placed in; what placed them is judged again on the new groups, and the
     blasts' pings place the rest as before."""
     blind = set(fit.blind)
@@ -306,11 +306,11 @@ def reassess_blind(fit: RackFit, bandwidth_gbps: Any, latency_us: Any, hosts: Se
         fit.candidates.pop(j, None)
         fit.evidence.pop(j, None)
     fit.tentative -= blind
-    lat, bw = np.asarray(latency_us, dtype=float), _square("bandwidth_gbps", bandwidth_gbps)
+    lat, bw = np.asarray(latency_us, dtype=float), square_matrix("bandwidth_gbps", bandwidth_gbps)
     clear_us = clear_latency(lat)
-    _rule_out(fit, bw, hosts)
-    _rule_out_by_queue(fit, lat, clear_us)
-    _rack_behind_queue(fit, bw, lat, clear_us)
+    rule_out(fit, bw, hosts)
+    rule_out_by_queue(fit, lat, clear_us)
+    rack_behind_queue(fit, bw, lat, clear_us)
     return fit
 
 
@@ -410,8 +410,8 @@ def split_across_queues(fit: RackFit, latency_us: Any) -> set[int]:
     Mbit/s uplink), and the probe wrote it into rack 2, confident, while its pings to rack 2
     waited 2.2-2.7 ms against 55-90 us between rack 2's two workers. A blind rank (its NIC
     slow both ways) moves as a clear one does: a slow NIC does not slow a small message."""
-    lat = _square("latency_us", latency_us)
-    sym = _nearest(lat)[0]
+    lat = square_matrix("latency_us", latency_us)
+    sym = nearest_cost(lat)[0]
     clear_us = clear_latency(lat)
     queued = set(queued_ranks(lat))
     racks = fit.racks()

@@ -15,27 +15,27 @@ import numpy as np
 from dssync.topology.matrices import (
     DEFAULT_RACK_GAP,
     DEFAULT_SLOW_RATIO,
-    _bandwidth_cost,
-    _ratio_to_nearest,
-    _slow_ends,
-    _square,
+    bandwidth_cost,
     clear_latency,
     queued_ranks,
+    ratio_to_nearest,
+    slow_ends,
+    square_matrix,
 )
 from dssync.topology.placement import (
     RackFit,
-    _place_by_latency,
-    _rack_behind_queue,
-    _rule_out,
-    _rule_out_by_queue,
+    place_by_latency,
+    rack_behind_queue,
+    rule_out,
+    rule_out_by_queue,
 )
 
 
 def blind_ranks(bandwidth_gbps: Any, slow_ratio: float = DEFAULT_SLOW_RATIO) -> list[int]:
     """Ranks whose best flow is slow both ways (below ``slow_ratio`` of the median rank's)."""
-    bw = _square("bandwidth_gbps", bandwidth_gbps).copy()
+    bw = square_matrix("bandwidth_gbps", bandwidth_gbps).copy()
     np.fill_diagonal(bw, 0.0)
-    out_slow, in_slow = _slow_ends(bw, slow_ratio)
+    out_slow, in_slow = slow_ends(bw, slow_ratio)
     return np.flatnonzero(out_slow & in_slow).tolist()
 
 
@@ -65,7 +65,7 @@ def fit_racks(
     Rule: for each metric, each pair gets a distance that says how many times worse than a
     typical rack-mate it is, ``latency / L0`` or ``c / C0``, where ``c`` is the pair's
     bandwidth cost, how many times slower its path is than its two NICs allow, in its worse
-    direction (``_bandwidth_cost``: directions through a slow NIC are left out, so a NIC
+    direction (``bandwidth_cost``: directions through a slow NIC are left out, so a NIC
     shared with another job, which slows all of a rank's flows alike, is no rack boundary),
     and ``L0``, ``C0`` are the median over ranks of each rank's smallest (nearest-neighbour)
     latency and cost. Each pair's distance is then raised to how differently the two ranks
@@ -97,13 +97,13 @@ def fit_racks(
     """
     if gap <= 0:
         raise ValueError(f"gap must be positive (a relative margin such as 1.0), got {gap}")
-    lat = _square("latency_us", latency_us)
+    lat = square_matrix("latency_us", latency_us)
     n = lat.shape[0]
     if hosts is not None and len(hosts) != n:
         raise ValueError(f"hosts names {len(hosts)} ranks but latency_us has {n}; give one host per rank")
     if n < 2:
         return RackFit(n=n, groups=[list(range(n))] if n else [])
-    bw = None if bandwidth_gbps is None else _square("bandwidth_gbps", bandwidth_gbps, n)
+    bw = None if bandwidth_gbps is None else square_matrix("bandwidth_gbps", bandwidth_gbps, n)
     blind = blind_ranks(bw, slow_ratio) if bw is not None and n > 2 else []
     clear = [i for i in range(n) if i not in blind]
     if len(clear) < 2:  # nothing clear to cluster on: bandwidth says nothing
@@ -115,14 +115,14 @@ def fit_racks(
     lat_ranks = [i for i in range(n) if i not in queued] if n - len(queued) >= 2 else list(range(n))
     lat_sub = np.ix_(lat_ranks, lat_ranks)
     choices: list[tuple[str, list[int], np.ndarray | None]] = [
-        ("latency", lat_ranks, _with_profile(_ratio_to_nearest(lat[lat_sub]), np.ones((len(lat_ranks),) * 2, dtype=bool),
+        ("latency", lat_ranks, _with_profile(ratio_to_nearest(lat[lat_sub]), np.ones((len(lat_ranks),) * 2, dtype=bool),
                                              gap))]
     held_back: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # bandwidth ratio, known pairs, steady ranks
     if bw is not None:
-        cost, known = _bandwidth_cost(bw, slow_ratio, queued)
+        cost, known = bandwidth_cost(bw, slow_ratio, queued)
         sub = np.ix_(clear, clear)
-        out_slow, in_slow = _slow_ends(np.where(np.eye(n, dtype=bool), 0.0, bw), slow_ratio, queued)
-        ratio = _ratio_to_nearest(cost[sub])
+        out_slow, in_slow = slow_ends(np.where(np.eye(n, dtype=bool), 0.0, bw), slow_ratio, queued)
+        ratio = ratio_to_nearest(cost[sub])
         if ratio is not None:
             held_back = (ratio, known[sub], ~(out_slow | in_slow)[clear])
         choices.append(("bandwidth", clear, _with_profile(ratio, known[sub], gap)))
@@ -171,12 +171,12 @@ def fit_racks(
     if dist is not None and len(fit.groups) > 1:
         fit.margins = _margins(dist, ranks, fit.groups)
     if bw is not None and blind:
-        _rule_out(fit, bw, hosts)
-        _rule_out_by_queue(fit, lat, clear_us)
-        _rack_behind_queue(fit, bw, lat, clear_us)
+        rule_out(fit, bw, hosts)
+        rule_out_by_queue(fit, lat, clear_us)
+        rack_behind_queue(fit, bw, lat, clear_us)
         by_latency = [(c[1], labels) for c, labels in informative if c[0] == "latency"]
         if metric == "bandwidth" and by_latency:
-            _place_by_latency(fit, dict(zip(*by_latency[0], strict=True)), lat, clear_us)
+            place_by_latency(fit, dict(zip(*by_latency[0], strict=True)), lat, clear_us)
     return fit
 
 

@@ -92,7 +92,7 @@ def max_min_rates(paths: Sequence[Sequence[Any]], capacity: dict[Any, float]) ->
     return rate
 
 
-def _path(src: int, dst: int, racks: Sequence[Any]) -> list[Any]:
+def flow_links(src: int, dst: int, racks: Sequence[Any]) -> list[Any]:
     links: list[Any] = [("out", src), ("in", dst), ("cpu",)]
     if racks[src] != racks[dst]:
         links += [("up", racks[src]), ("down", racks[dst])]
@@ -105,7 +105,7 @@ def capacities(racks: Sequence[Any], observed: Sequence[tuple[list[Flow], np.nda
     for flows, rates in observed:
         carried: dict[Any, float] = {}
         for (s, d), r in zip(flows, rates, strict=True):
-            for link in _path(s, d, racks):
+            for link in flow_links(s, d, racks):
                 carried[link] = carried.get(link, 0.0) + float(r)
         for link, total in carried.items():
             capacity[link] = max(capacity.get(link, 0.0), total)
@@ -138,7 +138,7 @@ def misfit(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray
     memo = {} if memo is None else memo
     total = 0.0
     for k, (flows, rates) in enumerate(observed):
-        paths = [_path(s, d, named) for s, d in flows]
+        paths = [flow_links(s, d, named) for s, d in flows]
         key = (k, tuple(tuple((link, capacity[link]) for link in links) for links in paths))
         if key not in memo:
             err = np.log(np.maximum(rates, 1e-3) / np.maximum(max_min_rates(paths, capacity), 1e-3))
@@ -170,11 +170,11 @@ def cut_partitions(passes: Sequence[np.ndarray]) -> list[tuple[int, ...]]:
         for method in ("average", "complete", "single"):
             tree = linkage(squareform(dist, checks=False), method)
             for k in range(1, n + 1):
-                out.add(_canonical(list(fcluster(tree, k, "maxclust"))))
+                out.add(canonical_partition(list(fcluster(tree, k, "maxclust"))))
     return sorted(out)
 
 
-def _canonical(labels: Sequence[int]) -> tuple[int, ...]:
+def canonical_partition(labels: Sequence[int]) -> tuple[int, ...]:
     return tuple(renumber_racks(labels))  # hashable, one name per partition
 
 
@@ -213,7 +213,7 @@ def _units(movable: Sequence[int], hosts: Sequence[str] | None) -> list[list[int
     return list(by_host.values())
 
 
-def _neighbours(labels: tuple[int, ...], movable: Sequence[int],
+def neighbours(labels: tuple[int, ...], movable: Sequence[int],
                 hosts: Sequence[str] | None = None) -> list[tuple[tuple[int, ...], dict[str, Any]]]:
     """Every answer one step from ``labels``: a movable rank (with the ranks on its host)
     moved to another group or a rack of its own, or two groups merged."""
@@ -231,11 +231,11 @@ def _neighbours(labels: tuple[int, ...], movable: Sequence[int],
             what = {"move": i, "to": "alone" if target == fresh else sorted(j for j in movable if labels[j] == target)}
             if len(unit) > 1:
                 what["with"] = unit[1:]
-            out.append((_canonical(new), what))
+            out.append((canonical_partition(new), what))
     for a in groups:
         for b in groups:
             if a < b:
-                out.append((_canonical([a if x == b else x for x in labels]),
+                out.append((canonical_partition([a if x == b else x for x in labels]),
                             {"merge": [sorted(j for j in movable if labels[j] == g) for g in (a, b)]}))
     return out
 
@@ -261,7 +261,7 @@ def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.n
     search stops after ``seconds`` of CPU time wherever it is (``cut_short``)."""
     n = len(racks)
     movable = list(range(n)) if movable is None else sorted(movable)
-    labels = _canonical(racks)
+    labels = canonical_partition(racks)
     cache: dict[tuple[int, ...], float] = {}
     memo: dict[Any, float] = {}
 
@@ -282,7 +282,7 @@ def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.n
         current, moves = cost(labels), []
         for _ in range(2 * n):
             options = []
-            for lab, what in _neighbours(labels, movable, hosts):
+            for lab, what in neighbours(labels, movable, hosts):
                 if out_of_time():
                     return labels, current, moves
                 options.append((cost(lab), lab, what))
@@ -307,7 +307,7 @@ def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.n
     for start in starts:
         if out_of_time():
             break
-        mine = _canonical([start[i] if i not in fixed else n + fixed[i] for i in range(n)])
+        mine = canonical_partition([start[i] if i not in fixed else n + fixed[i] for i in range(n)])
         if not _splits_a_host(mine, hosts):
             tried.append((cost(mine), mine))
     found = []
@@ -323,7 +323,7 @@ def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.n
         for k, unit in enumerate(_units(movable, hosts)):
             for i in unit:
                 alone[i] = max(labels) + 1 + k
-        start = _canonical(alone)
+        start = canonical_partition(alone)
         from_alone = descend(start)
         if not cut[0]:
             found.append(("every worker alone", *from_alone))
@@ -333,7 +333,7 @@ def replay_racks(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.n
     if name != "the fit":
         moves = [{"start": name}, *moves]
     margins: dict[int, float] = {}
-    for lab, what in _neighbours(labels, movable, hosts):
+    for lab, what in neighbours(labels, movable, hosts):
         if "move" in what:
             for i in [what["move"], *what.get("with", [])]:
                 margins[i] = min(margins.get(i, math.inf), cost(lab) - current)

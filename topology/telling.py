@@ -39,15 +39,15 @@ from dssync.topology.matrices import ranks_text
 from dssync.topology.placement import RackFit
 from dssync.topology.replay import (
     MIN_GAIN,
-    _canonical,
-    _neighbours,
-    _path,
     adopt,
+    canonical_partition,
     capacities,
+    flow_links,
     max_min_rates,
     misfit,
     moved_ranks,
     named_racks,
+    neighbours,
 )
 
 __all__ = ["ADOPT_Z", "DOUBT_Z", "MAX_RUNS", "RUN_AGAIN", "TELL_RATIO", "TELL_ROUNDS", "Design", "adopt_told", "design",
@@ -221,7 +221,7 @@ def predict(labels: Sequence[int], caps: dict[Any, float], flows: Sequence[Flow]
     """Max-min fair rates of ``flows`` run at once under ``labels`` and ``caps`` (a link
     never seen carrying anything limits nothing)."""
     named = named_racks(labels)
-    paths = [[link for link in _path(s, d, named) if link != ("cpu",)] for s, d in flows]
+    paths = [[link for link in flow_links(s, d, named) if link != ("cpu",)] for s, d in flows]
     links = {link for p in paths for link in p}
     return max_min_rates(paths, {link: caps.get(link, math.inf) for link in links})
 
@@ -305,7 +305,7 @@ def design(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray
     ``Verdict.tied``) are covered before any other: nothing has told them from this answer
     yet, and where the rounds have no room for every rival (``unrun``), one of them was as
     likely as the answer itself."""
-    answer = _canonical(racks)
+    answer = canonical_partition(racks)
     movable = sorted(movable)
     out = Design(answer=answer)
     if len(movable) < 3:
@@ -313,8 +313,8 @@ def design(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray
     # the rivals the pairs' own flows have not already ruled out (the replay's test)
     memo: dict[Any, float] = {}
     own = misfit(answer, observed, memo)
-    skipped = {_canonical(lab) for lab in skip}
-    rivals = [(lab, what) for lab, what in _neighbours(answer, movable, hosts)
+    skipped = {canonical_partition(lab) for lab in skip}
+    rivals = [(lab, what) for lab, what in neighbours(answer, movable, hosts)
               if lab not in skipped and misfit(lab, observed, memo) < own + rule_out]
     out.rivals = rivals
     if not rivals:
@@ -350,7 +350,7 @@ def design(racks: Sequence[int], observed: Sequence[tuple[list[Flow], np.ndarray
         usable = ~leaves[:, None] & ~leaves[None, :]
         tells.append(np.where(upper & usable & (strength >= threshold), strength, 0.0))
     untold = set(range(len(rivals)))
-    leading = {_canonical(lab) for lab in first}
+    leading = {canonical_partition(lab) for lab in first}
     lead = {k for k, (labels, _) in enumerate(rivals) if labels in leading and tells[k].any()}
     picked: list[tuple[list[Flow], list[int]]] = []
     while untold and len(picked) < max_patterns:  # ``first``'s, then the most rivals first, then pack
@@ -458,7 +458,7 @@ def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
     boundary that nothing showed (on a 2,5 whose pairs split the rack of five, each step
     took a move the pairs preferred and the last kept the split). An answer in ``rejected``
     (one that earlier telling rounds moved away from) is not taken again."""
-    rejected = {_canonical(r) for r in rejected}
+    rejected = {canonical_partition(r) for r in rejected}
     scores, doubted, leaning = [], set(), []
     alike: list[tuple[float, int, float, tuple[int, ...]]] = []  # the rivals preferred: (off, racks, misfit, labels)
     runs_of = [_runs(measured, k) for k in range(len(plan.rounds))]
@@ -614,7 +614,7 @@ def untold_ties(plan: Design, tied: Sequence[Sequence[int]]) -> list[tuple[int, 
     (the pairs' flows rule it out) or that a round of this step tells is not among them."""
     told = {plan.rivals[k][0] for ks in plan.told for k in ks}
     rivals = {labels for labels, _ in plan.rivals}
-    return [labels for labels in dict.fromkeys(_canonical(lab) for lab in tied)
+    return [labels for labels in dict.fromkeys(canonical_partition(lab) for lab in tied)
             if labels in rivals and labels not in told]
 
 

@@ -13,9 +13,9 @@ from dssync.errors import ScheduleError
 from dssync.planning.schedule import Group, Schedule, connected
 from dssync.planning.static import (
     DEFAULT_MAX_PERIOD,
-    _period_length,
-    _schedule,
-    _sizes,
+    describe_rack_sizes,
+    period_length,
+    schedule_of_rounds,
     static_plan,
 )
 from dssync.topology import Topology
@@ -89,9 +89,9 @@ def adjusted_plan(
     regular_racks = len(racks) - len(slow_racks)
     if multi and slow_racks:
         cycles.append(max(len(slow_racks), regular_racks))
-    length, bounded = _period_length(cycles, max_period)
+    length, bounded = period_length(cycles, max_period)
     if bounded:
-        notes.append(f"{_sizes([len(r) for r in racks])}: a bounded period of {length} rounds "
+        notes.append(f"{describe_rack_sizes([len(r) for r in racks])}: a bounded period of {length} rounds "
                      f"(exact rotation needs {math.lcm(*cycles)}); crossing counts within a rack differ by at "
                      "most one")
     shape = (len(racks), slow_racks, multi)
@@ -125,9 +125,9 @@ def adjusted_plan(
     if not connected(n, racks, period):
         raise ScheduleError(
             f"no mixing plan keeps slow uplinks {sorted(set(slow_uplinks))} and slow NICs {sorted(slow_set)} "
-            f"in groups of two for {_sizes([len(r) for r in racks])}; drop a contention entry"
+            f"in groups of two for {describe_rack_sizes([len(r) for r in racks])}; drop a contention entry"
         )
-    return _schedule(period, topology, message_bytes, notes=notes)
+    return schedule_of_rounds(period, topology, message_bytes, notes=notes)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,12 @@ from dssync.errors import ScheduleError
 from dssync.planning.adjusted import adjusted_plan
 from dssync.planning.checks import check_adjusted, check_paced, check_static
 from dssync.planning.schedule import Group, Schedule
-from dssync.planning.static import DEFAULT_MAX_PERIOD, _schedule, predict_round_ms, static_plan
+from dssync.planning.static import (
+    DEFAULT_MAX_PERIOD,
+    predict_round_ms,
+    schedule_of_rounds,
+    static_plan,
+)
 from dssync.topology import Topology
 
 __all__ = ["DEFAULT_MAX_PERIOD", "adjusted_plan", "check_adjusted", "check_paced", "check_static", "contended", "paced",
@@ -75,7 +80,7 @@ def paced(schedule: Schedule, topology: Topology, pace: int, *, message_bytes: i
     for t, named in enumerate(schedule.rounds):
         period.append(named)
         period += [_rack_local(schedule, t, topology)] * (pace - 1)
-    return _schedule(period, topology, message_bytes, notes=schedule.notes)
+    return schedule_of_rounds(period, topology, message_bytes, notes=schedule.notes)
 
 
 #: ``with_uplink_probes`` puts a probe round after at most this many rounds of the plan.
@@ -122,7 +127,7 @@ def with_uplink_probes(schedule: Schedule, topology: Topology, *, message_bytes:
             period.append(probes[(t // every) % len(probes)])
     note = (f"a probe round after every {every} rounds pairs racks {suspects} apart in turn, so that a slow "
             "uplink shows in the timings")
-    return _schedule(period, topology, message_bytes, notes=(*schedule.notes, note))
+    return schedule_of_rounds(period, topology, message_bytes, notes=(*schedule.notes, note))
 
 
 def _rack_local(schedule: Schedule, t: int, topology: Topology) -> tuple[Group, ...]:

@@ -56,9 +56,9 @@ def static_plan(
         period: list[tuple[Group, ...]] = [()]  # the rack is the one group
     else:
         sizes = [len(r) for r in racks]
-        length, bounded = _period_length(sizes, max_period)
+        length, bounded = period_length(sizes, max_period)
         if bounded:
-            notes.append(f"{_sizes(sizes)}: a bounded period of {length} rounds (exact rotation "
+            notes.append(f"{describe_rack_sizes(sizes)}: a bounded period of {length} rounds (exact rotation "
                          f"needs {math.lcm(*sizes)}); representation counts within a rack differ by at most one")
         period = _rotation(racks, length, shifted=False)
         if not connected(topology.world_size, racks, period):
@@ -67,10 +67,10 @@ def static_plan(
             # {0,1},{2,3}: only 0-2 and 1-3 ever meet). Shift rack r's rotation by r more
             # each block of rounds, so every pairing occurs and the period mixes.
             period = _rotation(racks, length * max(sizes), shifted=True, block=length)
-    return _schedule(period, topology, message_bytes, notes=notes)
+    return schedule_of_rounds(period, topology, message_bytes, notes=notes)
 
 
-def _schedule(rounds: Sequence[Sequence[Group]], topology: Topology, message_bytes: int | None, *,
+def schedule_of_rounds(rounds: Sequence[Sequence[Group]], topology: Topology, message_bytes: int | None, *,
               notes: Sequence[str] = ()) -> Schedule:
     """The ``Schedule`` of ``rounds`` (each round's named groups; the rest of each rack is
     one group), with ``predicted_comm_ms`` (the mean over the period of the slowest group's
@@ -108,7 +108,7 @@ def predict_round_ms(partition: Partition, topology: Topology, message_bytes: in
     return worst
 
 
-def _sizes(sizes: Sequence[int]) -> str:
+def describe_rack_sizes(sizes: Sequence[int]) -> str:
     """Rack sizes for a note: ``racks of [7, 8, 9, 11] workers``, or for many racks how many
     and the range (``1000 racks of 50 to 150 workers``)."""
     if len(sizes) <= 12:
@@ -117,7 +117,7 @@ def _sizes(sizes: Sequence[int]) -> str:
     return f"{len(sizes)} racks of {low}" + (f" to {high}" if high > low else "") + " workers"
 
 
-def _period_length(cycles: Sequence[int], max_period: int) -> tuple[int, bool]:
+def period_length(cycles: Sequence[int], max_period: int) -> tuple[int, bool]:
     """``(rounds, bounded)``: the least common multiple of ``cycles`` when it is at most
     ``max(max_period, longest)``; else the shortest multiple of the longest cycle that is at
     least ``max_period``."""

@@ -1,5 +1,5 @@
 """The probe's measurement primitives: the ``ProbeConfig`` of what to send, blocking
-send/recv with the probe's timeout (``_Link``), a latency ping-pong, timed streams (one, or
+send/recv with the probe's timeout (``Link``), a latency ping-pong, timed streams (one, or
 many at once), and the ``iperf3`` server and client.
 
 ``dssync.probing.probe`` runs them in its phases.
@@ -25,7 +25,7 @@ from dssync.collectives.sockets import interface_address
 from dssync.errors import BackendUnavailableError, CommunicationError
 
 _TAG = 0x5D5  # probe messages on their own tag, apart from any other send/recv on the world
-_WINDOW = 2  # a stream's unacked messages: one on the wire while the next waits behind it
+WINDOW = 2  # a stream's unacked messages: one on the wire while the next waits behind it
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class ProbeConfig:
             raise ValueError(f"probe iperf_omit must be 0 or more seconds, got {self.iperf_omit}")
 
 
-class _Link:
+class Link:
     """The probe's point-to-point messages over the job's ``Communicator`` (gloo, MPI or
     Horovod's TCP side channel), on the probe's own tag; every wait is bounded by the
     communicator's timeout, and a failure names this rank, the peer and the step."""
@@ -93,7 +93,7 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def _ping_pong(link: _Link, peer: int, lead: bool, cfg: ProbeConfig, quantile: float = 0.0) -> float | None:
+def ping_pong(link: Link, peer: int, lead: bool, cfg: ProbeConfig, quantile: float = 0.0) -> float | None:
     """One-way latency (µs, RTT / 2 at ``quantile`` of the round trips, the fastest by
     default) measured by the leader, ``None`` on the follower.
 
@@ -127,7 +127,7 @@ def _ping_pong(link: _Link, peer: int, lead: bool, cfg: ProbeConfig, quantile: f
     return float(np.quantile(rtts, quantile)) / 2 * 1e6
 
 
-def _stream(link: _Link, peer: int, send: bool, cfg: ProbeConfig, payload: torch.Tensor,
+def timed_stream(link: Link, peer: int, send: bool, cfg: ProbeConfig, payload: torch.Tensor,
             what: str = "bandwidth") -> float | None:
     """Sender-side Gbit/s of a timed stream (``iperf3 -t`` style), ``None`` on the receiver.
 
@@ -139,7 +139,7 @@ def _stream(link: _Link, peer: int, send: bool, cfg: ProbeConfig, payload: torch
     uplink for all of it (the only sign, pairwise, of an oversubscribed uplink whose
     single-flow rate equals a NIC's), as in an ``iperf3 -t`` test of the same span.
 
-    The acks bound the stream's tail: at most ``_WINDOW`` messages are unacked, so one
+    The acks bound the stream's tail: at most ``WINDOW`` messages are unacked, so one
     message at most is still on its way when the deadline comes. Without them the socket
     buffers (megabytes) still held data then, and a flow starved behind another job's
     streams took up to a second to drain them (a round of 0.25 s took 1.4 s on
@@ -169,7 +169,7 @@ def _stream(link: _Link, peer: int, send: bool, cfg: ProbeConfig, payload: torch
     t0 = t_end = acked()
     timed = 0  # messages acked after the clock started
     while True:
-        if len(acks) >= _WINDOW:
+        if len(acks) >= WINDOW:
             t_end, timed = acked(), timed + 1
         if time.perf_counter() >= begin + cfg.bandwidth_seconds:
             break
@@ -182,7 +182,7 @@ def _stream(link: _Link, peer: int, send: bool, cfg: ProbeConfig, payload: torch
     return timed * size * 8 / (t_end - t0) / 1e9
 
 
-class _Iperf3:
+class Iperf3:
     """An ``iperf3 -s`` on this rank's address (the ``GLOO_SOCKET_IFNAME`` interface) and a
     client towards any peer's; ports are offset by rank so local ranks can share an address."""
 
@@ -238,12 +238,12 @@ class _Iperf3:
             self.server.wait()
 
 
-def _streams(link: _Link, rank: int, flows: list[tuple[int, int]], cfg: ProbeConfig,
+def concurrent_streams(link: Link, rank: int, flows: list[tuple[int, int]], cfg: ProbeConfig,
              what: str) -> dict[tuple[int, int], float]:
     """Run every ``(src, dst)`` flow at once for ``cfg.bandwidth_seconds``, each at its own
     pace; return ``{(rank, dst): Gbit/s}`` for the flows this rank sent.
 
-    The timed-stream protocol of ``_stream``, one thread per flow end, so flows are
+    The timed-stream protocol of ``timed_stream``, one thread per flow end, so flows are
     independent: a flow held back by its path sends less without holding back this rank's
     other flows (a NIC that is not the bottleneck shows as the sum of its flows). Each flow's
     clock runs from the sink's ack of its warm-up message to the ack of its last one.
@@ -255,7 +255,7 @@ def _streams(link: _Link, rank: int, flows: list[tuple[int, int]], cfg: ProbeCon
     with ThreadPoolExecutor(max_workers=len(dsts) + len(srcs)) as pool:
         def start(peer: int, send: bool) -> Any:  # a buffer of its own per flow end
             payload = torch.zeros(cfg.message_bytes, dtype=torch.uint8)
-            return pool.submit(_stream, link, peer, send, cfg, payload, what)
+            return pool.submit(timed_stream, link, peer, send, cfg, payload, what)
 
         sends = {d: start(d, True) for d in dsts}
         recvs = [start(s, False) for s in srcs]

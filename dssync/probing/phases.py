@@ -19,7 +19,14 @@ import numpy as np
 import torch
 
 from dssync.collectives.base import Communicator
-from dssync.probing.measure import ProbeConfig, _Iperf3, _Link, _ping_pong, _stream, _streams
+from dssync.probing.measure import (
+    Iperf3,
+    Link,
+    ProbeConfig,
+    concurrent_streams,
+    ping_pong,
+    timed_stream,
+)
 from dssync.topology.contention import fan_clears, nic_suspects
 
 
@@ -79,19 +86,19 @@ def blast_flows(racks: list[int], rack: int, quiet: Sequence[int] = ()) -> list[
     return [(inside[k % len(inside)], outside[k % len(outside)]) for k in range(max(len(inside), len(outside)))]
 
 
-def _latency_pair(link: _Link, rank: int, peer: int, cfg: ProbeConfig) -> dict[tuple[int, int], float]:
+def latency_pair(link: Link, rank: int, peer: int, cfg: ProbeConfig) -> dict[tuple[int, int], float]:
     """``{(rank, peer): one-way µs}``; the lower rank leads first, then the roles swap."""
     low = rank < peer
     out = {}
     for lead in (low, not low):
-        value = _ping_pong(link, peer, lead, cfg)
+        value = ping_pong(link, peer, lead, cfg)
         if value is not None:
             out[rank, peer] = value
     return out
 
 
-def _bandwidth_pair(link: _Link, rank: int, peer: int, sender: int, cfg: ProbeConfig,
-                    payload: torch.Tensor, iperf: _Iperf3 | None) -> dict[tuple[int, int], float]:
+def bandwidth_pair(link: Link, rank: int, peer: int, sender: int, cfg: ProbeConfig,
+                    payload: torch.Tensor, iperf: Iperf3 | None) -> dict[tuple[int, int], float]:
     """``{(src, dst): Gbit/s}`` for the one direction this rank timed: from ``sender`` (this
     rank or ``peer``) to the other. With iperf3 the lower rank runs the client both ways
     (``-R`` where the higher rank's server sends) and the higher rank's server answers."""
@@ -99,13 +106,13 @@ def _bandwidth_pair(link: _Link, rank: int, peer: int, sender: int, cfg: ProbeCo
         if rank > peer:
             return {}
         return {((rank, peer) if sender == rank else (peer, rank)): iperf.client(peer, reverse=sender != rank)}
-    value = _stream(link, peer, sender == rank, cfg, payload)
+    value = timed_stream(link, peer, sender == rank, cfg, payload)
     return {} if value is None else {(rank, peer): value}
 
 
-def _phase(comm: Communicator, link: _Link, flows: list[tuple[int, int]], cfg: ProbeConfig, what: str,
+def concurrent_phase(comm: Communicator, link: Link, flows: list[tuple[int, int]], cfg: ProbeConfig, what: str,
            pings: Sequence[tuple[int, int]] = ()) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float]]:
-    """``_streams`` on every rank after a barrier, with ``pings`` (``(pinger, echo)``) in the
+    """``concurrent_streams`` on every rank after a barrier, with ``pings`` (``(pinger, echo)``) in the
     middle of it: every flow's Gbit/s and every pinger's one-way µs, on every rank.
 
     A pinger starts after a third of the stream time, when the queues the flows fill are
@@ -121,10 +128,10 @@ def _phase(comm: Communicator, link: _Link, flows: list[tuple[int, int]], cfg: P
         def ping(a: int, b: int) -> float | None:
             if comm.rank == a:
                 time.sleep(cfg.bandwidth_seconds / 3)
-            return _ping_pong(link, b if comm.rank == a else a, comm.rank == a, during, quantile=0.25)
+            return ping_pong(link, b if comm.rank == a else a, comm.rank == a, during, quantile=0.25)
 
         pending = {pair: pool.submit(ping, *pair) for pair in jobs}
-        mine = _streams(link, comm.rank, flows, cfg, what)
+        mine = concurrent_streams(link, comm.rank, flows, cfg, what)
         for pair, job in pending.items():
             value = job.result()
             if value is not None:
@@ -137,7 +144,7 @@ def _phase(comm: Communicator, link: _Link, flows: list[tuple[int, int]], cfg: P
     return rates, waits
 
 
-def _echo(racks: list[int], rack: int, pingers: list[int], bw: np.ndarray, latency_us: np.ndarray,
+def echo_rank(racks: list[int], rack: int, pingers: list[int], bw: np.ndarray, latency_us: np.ndarray,
           clear_us: float) -> int | None:
     """The quiet rank outside ``rack`` that the pingers ping during its blast.
 
@@ -159,11 +166,11 @@ def _echo(racks: list[int], rack: int, pingers: list[int], bw: np.ndarray, laten
 
 
 #: ``_waits_on``: windows of pings, the pause before each, and the pings in one window;
-#: ``_fans``: how many of a rank's nearest peers it is rechecked with at most
+#: ``run_fans``: how many of a rank's nearest peers it is rechecked with at most
 _RECHECK_WINDOWS, _RECHECK_GAP_S, _RECHECK_PINGS, _RECHECK_PEERS = 7, 0.02, 4, 8
 
 
-def _waits_on(comm: Communicator, link: _Link, cfg: ProbeConfig, rank: int, peer: int) -> float:
+def _waits_on(comm: Communicator, link: Link, cfg: ProbeConfig, rank: int, peer: int) -> float:
     """One-way µs from ``rank`` to ``peer`` that most moments see, on every rank: the
     median over ``_RECHECK_WINDOWS`` windows, 20 ms apart, of each window's fastest ping.
 
@@ -184,14 +191,14 @@ def _waits_on(comm: Communicator, link: _Link, cfg: ProbeConfig, rank: int, peer
         for _ in range(_RECHECK_WINDOWS):
             if lead:
                 time.sleep(_RECHECK_GAP_S)
-            value = _ping_pong(link, other, lead, window)
+            value = ping_pong(link, other, lead, window)
             if value is not None:
                 values.append(value)
         mine = float(np.median(values)) if lead else None
     return next(v for v in comm.allgather_object(mine) if v is not None)
 
 
-def _fans(comm: Communicator, link: _Link, cfg: ProbeConfig, bw: np.ndarray, hosts: list[str],
+def run_fans(comm: Communicator, link: Link, cfg: ProbeConfig, bw: np.ndarray, hosts: list[str],
           racks: list[int], queued: list[int], latency_us: np.ndarray,
           clear_us: float) -> tuple[dict[int, dict[str, dict[int, float]]], list[dict[str, Any]]]:
     """A fan for each rank whose pairs called its NIC slow (``nic_suspects``) and whose NIC
@@ -237,7 +244,7 @@ def _fans(comm: Communicator, link: _Link, cfg: ProbeConfig, bw: np.ndarray, hos
         # the slower direction first: a NIC stays slow unless every slow direction clears
         for d in sorted(directions, key=lambda d: bw[i].max() if d == "out" else bw[:, i].max()):
             flows = [(i, j) if d == "out" else (j, i) for j in peers]
-            rates, _ = _phase(comm, link, flows, light, f"rank {i} fan-{d}")
+            rates, _ = concurrent_phase(comm, link, flows, light, f"rank {i} fan-{d}")
             fans.setdefault(i, {})[d] = {(dst if d == "out" else src): v for (src, dst), v in rates.items()}
             record.append({"rank": i, "direction": d, "gbps": round(float(sum(rates.values())), 4),
                            "flows": len(rates)})

@@ -28,15 +28,15 @@ import numpy as np
 import torch
 
 from dssync.collectives.base import Communicator
-from dssync.probing.measure import ProbeConfig, _Iperf3, _Link
+from dssync.probing.measure import Iperf3, Link, ProbeConfig
 from dssync.probing.phases import (
-    _bandwidth_pair,
-    _echo,
-    _fans,
-    _latency_pair,
-    _phase,
+    bandwidth_pair,
     blast_flows,
+    concurrent_phase,
+    echo_rank,
+    latency_pair,
     round_robin_rounds,
+    run_fans,
 )
 from dssync.topology.contention import classify_contention, unsure_flags
 from dssync.topology.matrices import SHARP_RATIO, clear_latency, queued_ranks
@@ -150,8 +150,8 @@ def settle_racks(first: tuple[np.ndarray, np.ndarray], measure: Callable[[], tup
     return (*best, current, len(passes))
 
 
-def _pairs(comm: Communicator, link: _Link, cfg: ProbeConfig, rounds: list[list[tuple[int, int]]],
-           payload: torch.Tensor, iperf: _Iperf3 | None, latency_us: np.ndarray | None = None,
+def _pairs(comm: Communicator, link: Link, cfg: ProbeConfig, rounds: list[list[tuple[int, int]]],
+           payload: torch.Tensor, iperf: Iperf3 | None, latency_us: np.ndarray | None = None,
            ) -> tuple[np.ndarray, np.ndarray]:
     """Every pair's one-way latency (µs) and bandwidth (Gbit/s) each way, in ``rounds``;
     the same matrices on every rank (0 where nothing was measured). Given ``latency_us``
@@ -171,9 +171,9 @@ def _pairs(comm: Communicator, link: _Link, cfg: ProbeConfig, rounds: list[list[
                 if rank in (a, b):
                     peer = b if rank == a else a
                     if kind == "latency":
-                        latency.update(_latency_pair(link, rank, peer, cfg))
+                        latency.update(latency_pair(link, rank, peer, cfg))
                     else:  # a pair (a, b) streams from a to b first, then back
-                        bandwidth.update(_bandwidth_pair(link, rank, peer, a if first else b, cfg, payload, iperf))
+                        bandwidth.update(bandwidth_pair(link, rank, peer, a if first else b, cfg, payload, iperf))
             comm.barrier()  # the next round's pairs must not overlap this one's
     measured, bandwidth_gbps = np.zeros((n, n)), np.zeros((n, n))
     for lat_part, bw_part in comm.allgather_object((latency, bandwidth)):
@@ -204,7 +204,7 @@ def _replay(comm: Communicator, fit: RackFit, raw: list[tuple[list[list[tuple[in
     return decided[1]
 
 
-def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
+def _tell(comm: Communicator, link: Link, cfg: ProbeConfig, fit: RackFit,
           raw: list[tuple[list[list[tuple[int, int]]], np.ndarray]],
           reassess: Callable[[RackFit], Any], bandwidth_gbps: np.ndarray, queued: Sequence[int] = (),
           hosts: Sequence[str] | None = None) -> tuple[list[dict[str, Any]], list[tuple[tuple[int, ...], str]]]:
@@ -247,7 +247,7 @@ def _tell(comm: Communicator, link: _Link, cfg: ProbeConfig, fit: RackFit,
         while again:  # twice each, then again those whose best two runs disagree (rank 0 says which)
             row: list[np.ndarray | None] = [None] * len(rounds)
             for k in again:
-                rates, _ = _phase(comm, link, rounds[k], cfg, "telling round")
+                rates, _ = concurrent_phase(comm, link, rounds[k], cfg, "telling round")
                 row[k] = np.array([rates.get(f, 0.0) for f in rounds[k]])
             measured.append(row)
             if len(measured) >= 2:
@@ -321,7 +321,7 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
                          "give one rack per rank")
     started_at = time.time()
     n = comm.world_size
-    link = _Link(comm)
+    link = Link(comm)
     hosts = [str(h) for h in comm.allgather_object(host_name())]
     prior_racks = prior.racks(hosts) if prior is not None else None  # --racks-from: a bad host fails here
     comm.barrier()
@@ -329,7 +329,7 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
     rounds = round_robin_rounds(n)
     if cfg.isolated:  # every pair alone: what a path gives one flow, for comparing backends
         rounds = [[pair] for pairs in rounds for pair in pairs]
-    iperf = _Iperf3(comm, cfg, base_port) if backend == "iperf3" else None
+    iperf = Iperf3(comm, cfg, base_port) if backend == "iperf3" else None
     raw: list[tuple[list[list[tuple[int, int]]], np.ndarray]] = []  # each pass's rounds and rates
 
     def pass_over(pass_rounds: list[list[tuple[int, int]]], **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -392,7 +392,7 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
     if len(set(provisional)) > 1:
         def blast(g: int, members: list[int]) -> None:
             rack = provisional[members[0]]
-            echo = _echo(provisional, rack, pingers, bandwidth_gbps, latency_us, clear_us) if pingers else None
+            echo = echo_rank(provisional, rack, pingers, bandwidth_gbps, latency_us, clear_us) if pingers else None
             # a member to spare (two still send), the one the pingers reach fastest at rest,
             # answers pings from the inside and pings out itself
             spare = (min(members, key=lambda i: (sum(latency_us[i, j] + latency_us[j, i] for j in pingers), i))
@@ -402,7 +402,7 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
             kinds = {(j, echo): "out" for j in pingers if echo is not None}
             if spare is not None:
                 kinds.update({(j, spare): "in" for j in pingers} | {(spare, echo): "spare"})
-            rates, waits = _phase(comm, link, flows, cfg, f"rack {rack} egress", list(kinds) if flows else [])
+            rates, waits = concurrent_phase(comm, link, flows, cfg, f"rack {rack} egress", list(kinds) if flows else [])
             total = float(sum(rates.values()))
             if len(phases) == g:
                 phases.append({"rack": rack, "egress_gbps": 0.0, "flows": len(rates)})
@@ -452,7 +452,7 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
     for g, p in enumerate(phases):
         p["rack"] = racks[fit.groups[g][0]]
     aggregates = _aggregates(phases, racks)
-    fans, fan_record = _fans(comm, link, cfg, bandwidth_gbps, hosts, racks, queued, latency_us, clear_us)
+    fans, fan_record = run_fans(comm, link, cfg, bandwidth_gbps, hosts, racks, queued, latency_us, clear_us)
     phase_seconds["fans"] = round(time.time() - started_at - sum(phase_seconds.values()), 3)
     contention: dict[str, Any] = dict(classify_contention(bandwidth_gbps, racks, aggregates, hosts=hosts, fans=fans,
                                                                 queued=queued))

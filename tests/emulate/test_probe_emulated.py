@@ -122,7 +122,7 @@ from dssync.launch.spawn import run_ranks
 from dssync.probing import measure, phases
 
 def rank(comm):
-    link = measure._Link(comm)
+    link = measure.Link(comm)
     cfg = measure.ProbeConfig()
     comm.barrier()
     return {"queued": phases._waits_on(comm, link, cfg, 2, 3), "clear": phases._waits_on(comm, link, cfg, 0, 1)}

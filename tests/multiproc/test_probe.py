@@ -136,12 +136,12 @@ def silent_peer(comm):
     """Rank 0 waits for a ping that rank 1 never sends."""
     import torch
 
-    from dssync.probing.measure import _Link
+    from dssync.probing.measure import Link
 
     if comm.rank == 1:
         time.sleep(4)
         return None
-    _Link(comm).recv([torch.zeros(8, dtype=torch.uint8)], [1], "latency ping")
+    Link(comm).recv([torch.zeros(8, dtype=torch.uint8)], [1], "latency ping")
     return None
 
 

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from dssync.bench.provenance import provenance
-from dssync.commands.bench._shared import _report
+from dssync.commands.bench._shared import report_records
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,7 +31,7 @@ def test_provenance_names_this_checkouts_commit_the_command_and_the_cores():
 
 def test_a_bench_report_stamps_every_record_and_the_markdowns_first_line(tmp_path, capsys):
     out, md = tmp_path / "r.json", tmp_path / "r.md"
-    _report("| a |\n|---|\n| 1 |", [{"strategy": "ddp"}, {"strategy": "ds-sync"}],
+    report_records("| a |\n|---|\n| 1 |", [{"strategy": "ddp"}, {"strategy": "ds-sync"}],
             argparse.Namespace(json=str(out), markdown=str(md)))
     records = json.loads(out.read_text())
     assert [r["strategy"] for r in records] == ["ddp", "ds-sync"]
@@ -41,13 +41,13 @@ def test_a_bench_report_stamps_every_record_and_the_markdowns_first_line(tmp_pat
     assert blank == "" and rest == ["| a |", "|---|", "| 1 |"]
     assert capsys.readouterr().out == "| a |\n|---|\n| 1 |\n"
     one = tmp_path / "one.json"
-    _report("t", {"rows": [1]}, argparse.Namespace(json=str(one), markdown=None))
+    report_records("t", {"rows": [1]}, argparse.Namespace(json=str(one), markdown=None))
     assert json.loads(one.read_text())["provenance"]["cores"] >= 1
 
 
 def test_a_bench_is_credited_to_the_code_it_started_with(tmp_path, monkeypatch):
     import dssync.bench.provenance as provenance_module
-    from dssync.commands.bench._shared import _outputs_checked
+    from dssync.commands.bench._shared import outputs_checked
 
     base = {"command": "dssync bench x", "date": "2026-01-01T00:00:00+00:00", "cores": 2, "dirty": False}
     taken = iter([dict(base, commit="a" * 40), dict(base, commit="b" * 40)])  # a commit lands mid-bench
@@ -55,10 +55,10 @@ def test_a_bench_is_credited_to_the_code_it_started_with(tmp_path, monkeypatch):
     out = tmp_path / "r.json"
 
     def bench(args):
-        _report("t", [{"strategy": "ddp"}], args)
+        report_records("t", [{"strategy": "ddp"}], args)
         return 0
 
-    assert _outputs_checked(bench)(argparse.Namespace(json=str(out), markdown=None)) == 0
+    assert outputs_checked(bench)(argparse.Namespace(json=str(out), markdown=None)) == 0
     assert json.loads(out.read_text())[0]["provenance"]["commit"] == "a" * 40
 
 
@@ -67,7 +67,7 @@ def test_a_resumed_measurement_says_which_runs_older_code_measured(tmp_path):
     now = {"commit": "c" * 40, "command": "dssync bench compare --resume", "date": "2026-01-02T00:00:00+00:00",
            "cores": 2}
     records = [{"strategy": "ddp", "provenance": {"commit": "a" * 40}}, {"strategy": "ddp"}, {"strategy": "gossip"}]
-    _report("t", records, argparse.Namespace(json=None, markdown=str(md), provenance=now))
+    report_records("t", records, argparse.Namespace(json=None, markdown=str(md), provenance=now))
     first = md.read_text().splitlines()[0]
     assert first.startswith("Measured at commit cccccccccccc") and "(runs by commit: aaaaaaaaaaaa 1, cccccccccccc 2)" in first
 

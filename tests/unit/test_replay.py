@@ -322,8 +322,8 @@ def test_ranks_on_one_host_move_together_and_are_never_split():
     hosts = ["a", "a", "c", "d", "e"]
     replay = replay_racks([0] * 5, observed, hosts=hosts)
     assert replay.racks[0] == replay.racks[1]
-    from dssync.topology.replay import _neighbours
-    for labels, what in _neighbours((0, 0, 0, 1, 1), range(5), hosts):
+    from dssync.topology.replay import neighbours
+    for labels, what in neighbours((0, 0, 0, 1, 1), range(5), hosts):
         assert labels[0] == labels[1], what
     # every rank on one host: nothing can move
     assert replay_racks([0] * 5, observed, hosts=["h"] * 5).racks == [0] * 5

@@ -182,9 +182,10 @@ def test_diloco_allreduces_only_on_every_twentieth_iteration():
 
 @pytest.mark.parametrize("seed", range(25))
 def test_the_parameter_servers_closed_form_matches_every_flow_priced_one_by_one(seed):
-    """The all-to-all in closed form against ``_step_time`` over all ``n (n - 1)`` flows, on
+    """The all-to-all in closed form against ``step_time`` over all ``n (n - 1)`` flows, on
     random racks, rates and background streams."""
-    from dssync.bench.simulate import _all_to_all_time, _step_time
+    from dssync.bench.links import step_time
+    from dssync.bench.simulate import _all_to_all_time
 
     rng = np.random.default_rng(seed)
     sizes = tuple(int(x) for x in rng.integers(1, 6, size=rng.integers(1, 5)))
@@ -196,7 +197,7 @@ def test_the_parameter_servers_closed_form_matches_every_flow_priced_one_by_one(
                   host_bps=float(rng.choice([np.inf, 0.3e9])))
     src, dst = np.repeat(np.arange(n), n), np.tile(np.arange(n), n)
     keep = src != dst
-    want = _step_time(net, src[keep], dst[keep], np.full(int(keep.sum()), S / n)) if n > 1 else 0.0
+    want = step_time(net, src[keep], dst[keep], np.full(int(keep.sum()), S / n)) if n > 1 else 0.0
     assert _all_to_all_time(net, S) == pytest.approx(want)
 
 

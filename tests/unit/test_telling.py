@@ -686,7 +686,7 @@ def test_the_probe_s_steps_leave_a_tie_no_later_round_told_unsure_and_standing(m
         def barrier(self):
             pass
 
-    monkeypatch.setattr(probe, "_phase", phase)
+    monkeypatch.setattr(probe, "concurrent_phase", phase)
     fit = RackFit(n=9, groups=[[0, 4, 5, 6, 7, 8], [1, 3]], blind=[2], candidates={2: [0, 1]}, metric="bandwidth")
     assert fit.racks() == case["steps"][0]["racks"]
     hosts = [f"w{i}" for i in range(9)]

@@ -14,7 +14,7 @@ COMPARE_STRATEGIES = "ddp,allreduce,hierarchical,torch-hier,diloco,local-sgd,gos
 __all__ = ["COMPARE_STRATEGIES"]
 
 
-def _outputs_checked(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+def outputs_checked(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """``run`` after its output files (``--json``, ``--markdown``, ``--plot``) are checked
     writable (a bench runs for minutes and must not lose its record at the end), with its
     provenance taken now, as ``args.provenance``."""
@@ -29,13 +29,13 @@ def _outputs_checked(run: Callable[[argparse.Namespace], int]) -> Callable[[argp
     return checked
 
 
-def _eval_and_warmup(args: argparse.Namespace) -> tuple[int, int]:
+def eval_and_warmup(args: argparse.Namespace) -> tuple[int, int]:
     """--eval-every and --warmup-steps, defaulting to 2 % and 5 % of --steps."""
     eval_every = args.eval_every or max(1, args.steps // 50)
     return eval_every, args.warmup_steps if args.warmup_steps is not None else args.steps // 20
 
 
-def _read_records(path: str, what: str) -> list[dict]:
+def read_records(path: str, what: str) -> list[dict]:
     """The records of a ``bench compare --json`` file, or ``ValueError`` naming ``what`` it was
     read for and why it cannot be."""
     import json
@@ -50,11 +50,11 @@ def _read_records(path: str, what: str) -> list[dict]:
     return records
 
 
-def _report(table: str, records: object, args: argparse.Namespace) -> None:
+def report_records(table: str, records: object, args: argparse.Namespace) -> None:
     """Print the markdown table; write the records (--json) and the table (--markdown), each
     stamped with its provenance (``dssync.bench.provenance``): a ``provenance`` key in every
     record of a list, or in the one record, and the markdown's first line. The provenance is
-    the one taken when the bench started (``_outputs_checked``), so that a commit made while
+    the one taken when the bench started (``outputs_checked``), so that a commit made while
     a long bench ran is not credited with its figures."""
     from collections import Counter
     from pathlib import Path

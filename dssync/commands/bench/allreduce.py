@@ -13,7 +13,7 @@ from dssync.commands._common import (
     positive_int,
     topology_from_args,
 )
-from dssync.commands.bench._shared import _outputs_checked
+from dssync.commands.bench._shared import outputs_checked
 from dssync.launch import from_environ, run_ranks
 
 __all__ = ["add_parser", "run_allreduce"]
@@ -37,7 +37,7 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
     r.add_argument("--timeout", type=positive_float, default=300.0)
     r.add_argument("--json", metavar="OUT")
     add_topology_options(r)
-    r.set_defaults(run=_outputs_checked(run_allreduce))
+    r.set_defaults(run=outputs_checked(run_allreduce))
 
 
 def run_allreduce(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ import argparse
 from dssync._jsonfile import write_json
 from dssync.bench.provenance import stamp
 from dssync.commands._common import non_negative_int, parse_rack_sizes, positive_float, positive_int
-from dssync.commands.bench._shared import _outputs_checked
+from dssync.commands.bench._shared import outputs_checked
 from dssync.launch import run_ranks
 
 __all__ = ["add_parser", "run_averaging"]
@@ -25,7 +25,7 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
     a.add_argument("--warmup", type=non_negative_int, default=2, help="untimed passes first")
     a.add_argument("--timeout", type=positive_float, default=300.0)
     a.add_argument("--json", metavar="OUT")
-    a.set_defaults(run=_outputs_checked(run_averaging))
+    a.set_defaults(run=outputs_checked(run_averaging))
 
 
 def run_averaging(args: argparse.Namespace) -> int:

@@ -13,10 +13,10 @@ from dssync.commands._common import (
 )
 from dssync.commands.bench._shared import (
     COMPARE_STRATEGIES,
-    _eval_and_warmup,
-    _outputs_checked,
-    _read_records,
-    _report,
+    eval_and_warmup,
+    outputs_checked,
+    read_records,
+    report_records,
 )
 from dssync.training.loop import LR_SCHEDULES, OPTIMIZERS
 
@@ -78,7 +78,7 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
                    "run only the others")
     c.add_argument("--markdown", metavar="OUT", help="the summary table as markdown")
     c.add_argument("--plot", metavar="OUT.png")
-    c.set_defaults(run=_outputs_checked(run_compare))
+    c.set_defaults(run=outputs_checked(run_compare))
 
 
 def run_compare(args: argparse.Namespace) -> int:
@@ -138,7 +138,7 @@ def run_compare(args: argparse.Namespace) -> int:
 
     cpu = dict(parse_cpu_limit(text) for text in args.cpu)
     episodes = [parse_episode(text) for text in args.episode]
-    eval_every, warmup = _eval_and_warmup(args)
+    eval_every, warmup = eval_and_warmup(args)
     train_args = ["--lr", repr(args.lr), "--lr-schedule", args.lr_schedule, "--warmup-steps", str(warmup),
                   "--batch-size", str(args.batch_size), "--optimizer", args.optimizer,
                   "--weight-decay", repr(args.weight_decay)]
@@ -181,7 +181,7 @@ def run_compare(args: argparse.Namespace) -> int:
             seed_table(seed_rows(records, reference=args.reference), reference=args.reference)
     if args.target_loss is not None:
         table += "\n\n" + loss_table(loss_rows(records, args.target_loss))
-    _report(table, records, args)
+    report_records(table, records, args)
     if args.plot:
         plot(records, rows, args.plot, reference=args.reference)
     return 0
@@ -197,7 +197,7 @@ def _previous(args: argparse.Namespace) -> list[dict]:
     path = Path(args.json)
     if not path.exists():
         return []
-    records = _read_records(args.json, "--resume")
+    records = read_records(args.json, "--resume")
     for r in records:
         if "error" in r:
             continue

@@ -11,7 +11,7 @@ from dssync.commands._common import (
     positive_int,
     topology_from_args,
 )
-from dssync.commands.bench._shared import _eval_and_warmup, _outputs_checked, _report
+from dssync.commands.bench._shared import eval_and_warmup, outputs_checked, report_records
 from dssync.training.loop import LR_SCHEDULES
 
 __all__ = ["add_parser", "run_ensemble"]
@@ -38,7 +38,7 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
     e.add_argument("--json", metavar="OUT")
     e.add_argument("--markdown", metavar="OUT")
     add_topology_options(e)
-    e.set_defaults(run=_outputs_checked(run_ensemble))
+    e.set_defaults(run=outputs_checked(run_ensemble))
 
 
 def run_ensemble(args: argparse.Namespace) -> int:
@@ -53,7 +53,7 @@ def run_ensemble(args: argparse.Namespace) -> int:
         raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
     rules = [r.strip() for r in args.rules.split(",") if r.strip()]
     topology = topology_from_args(args)
-    eval_every, warmup = _eval_and_warmup(args)
+    eval_every, warmup = eval_and_warmup(args)
     base = TrainConfig(strategy=DSSyncStrategy.name, task=args.task, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                        lr_schedule=args.lr_schedule, eval_every=eval_every, warmup_steps=warmup,
                        topology=topology, num_racks=args.racks or 2, schedule=schedule_from_args(args),
@@ -70,5 +70,5 @@ def run_ensemble(args: argparse.Namespace) -> int:
                      f"{r['mean_pp']:+.3f} | {r['mean_loss_diff']:+.4f} | "
                      f"{', '.join(f'{d:+.2f}' for d in r['final_pp'])} | {r['final_accuracy']:.4f} | "
                      f"{r['best_accuracy']:.4f} |")
-    _report("\n".join(lines), records, args)
+    report_records("\n".join(lines), records, args)
     return 0

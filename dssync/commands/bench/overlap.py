@@ -7,7 +7,7 @@ import argparse
 from dssync._jsonfile import write_json
 from dssync.bench.provenance import stamp
 from dssync.commands._common import non_negative_float, parse_rack_sizes, positive_int
-from dssync.commands.bench._shared import _outputs_checked
+from dssync.commands.bench._shared import outputs_checked
 
 __all__ = ["add_parser", "run_overlap"]
 
@@ -28,7 +28,7 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
     o.add_argument("--bucket-mb", type=non_negative_float, default=1.0)
     o.add_argument("--reps", type=positive_int, default=3)
     o.add_argument("--json", metavar="OUT")
-    o.set_defaults(run=_outputs_checked(run_overlap))
+    o.set_defaults(run=outputs_checked(run_overlap))
 
 
 def run_overlap(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ import argparse
 
 from dssync.bench.simulate import STRATEGIES as SIMCHECK_STRATEGIES
 from dssync.commands._common import parse_rack_sizes, positive_int, unit_interval
-from dssync.commands.bench._shared import _outputs_checked, _report
+from dssync.commands.bench._shared import outputs_checked, report_records
 
 __all__ = ["add_parser", "run_predict"]
 
@@ -36,7 +36,7 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
     d.add_argument("--json", metavar="OUT")
     d.add_argument("--markdown", metavar="OUT")
     d.add_argument("--plot", metavar="OUT.png")
-    d.set_defaults(run=_outputs_checked(run_predict))
+    d.set_defaults(run=outputs_checked(run_predict))
 
 
 def run_predict(args: argparse.Namespace) -> int:
@@ -85,7 +85,7 @@ def run_predict(args: argparse.Namespace) -> int:
     record = {"simcheck": args.simcheck, "compare": args.compare, "calibration": calibration,
               "compute_ms": compute_ms, "size_bytes": size_bytes, "nic": nic, "uplink": uplink,
               "iterations": args.iterations, "factors": factors, "rows": rows}
-    _report(markdown_table(rows), record, args)
+    report_records(markdown_table(rows), record, args)
     if args.plot:
         plot(rows, args.plot)
     return 0

@@ -7,7 +7,7 @@ import argparse
 from dssync._jsonfile import write_json
 from dssync.bench.provenance import stamp
 from dssync.commands._common import parse_rack_sizes, positive_int
-from dssync.commands.bench._shared import _outputs_checked
+from dssync.commands.bench._shared import outputs_checked
 
 __all__ = ["add_parser", "run_probe_backends"]
 
@@ -28,7 +28,7 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
     b.add_argument("--concurrent", action="store_true",
                    help="measure in the normal concurrent rounds instead of one pair at a time")
     b.add_argument("--json", metavar="OUT")
-    b.set_defaults(run=_outputs_checked(run_probe_backends))
+    b.set_defaults(run=outputs_checked(run_probe_backends))
 
 
 def run_probe_backends(args: argparse.Namespace) -> int:

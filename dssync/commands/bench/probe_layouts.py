@@ -8,7 +8,7 @@ from pathlib import Path
 from dssync._jsonfile import write_json
 from dssync.bench.provenance import stamp
 from dssync.commands._common import positive_int
-from dssync.commands.bench._shared import _outputs_checked
+from dssync.commands.bench._shared import outputs_checked
 
 __all__ = ["add_parser", "run_probe_layouts"]
 
@@ -43,7 +43,7 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
     g.add_argument("--rescore", metavar="RECORD",
                    help="score the layouts and topologies of an earlier --json RECORD by today's rules "
                    "instead of probing (the record keeps its measured provenance as `measured`)")
-    g.set_defaults(run=_outputs_checked(run_probe_layouts))
+    g.set_defaults(run=outputs_checked(run_probe_layouts))
 
 
 def _scale(text: str) -> float:

@@ -7,7 +7,7 @@ import argparse
 from dssync._jsonfile import write_json
 from dssync.bench.simulate import STRATEGIES as SIMCHECK_STRATEGIES
 from dssync.commands._common import non_negative_int, positive_float, positive_int
-from dssync.commands.bench._shared import _outputs_checked, _report
+from dssync.commands.bench._shared import outputs_checked, report_records
 
 __all__ = ["add_parser", "run_simcheck"]
 
@@ -35,7 +35,7 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
                    help="a simcheck record: re-run the model on its measurements, run nothing")
     k.add_argument("--json", metavar="OUT")
     k.add_argument("--markdown", metavar="OUT")
-    k.set_defaults(run=_outputs_checked(run_simcheck))
+    k.set_defaults(run=outputs_checked(run_simcheck))
 
 
 def run_simcheck(args: argparse.Namespace) -> int:
@@ -66,5 +66,5 @@ def run_simcheck(args: argparse.Namespace) -> int:
                           seeds=range(args.seeds), model_mb=args.model_mb, steps=args.steps, warmup=args.warmup,
                           rate_scale=args.rate_scale, progress=say,
                           save=(lambda r: write_json(args.json, r)) if args.json else None)
-    _report(markdown_table(record), record, args)
+    report_records(markdown_table(record), record, args)
     return 0

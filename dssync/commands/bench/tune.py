@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from dssync.commands.bench._shared import _outputs_checked, _read_records, _report
+from dssync.commands.bench._shared import outputs_checked, read_records, report_records
 
 __all__ = ["add_parser", "run_tune"]
 
@@ -23,14 +23,14 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
     t.add_argument("--reference", default="ddp", metavar="NAME", help="the sweep's reference strategy (default ddp)")
     t.add_argument("--json", metavar="OUT", help="the choice and every candidate's figures")
     t.add_argument("--markdown", metavar="OUT", help="the sweep's table as markdown")
-    t.set_defaults(run=_outputs_checked(run_tune))
+    t.set_defaults(run=outputs_checked(run_tune))
 
 
 def run_tune(args: argparse.Namespace) -> int:
     from dssync.bench.tune import choose, markdown_table
 
-    records = [r for path in args.sweep for r in _read_records(path, "the sweep")]
+    records = [r for path in args.sweep for r in read_records(path, "the sweep")]
     record = choose(records, reference=args.reference)
     table = markdown_table(record) + "\n\nChosen: " + ", ".join(record["chosen"].values())
-    _report(table, record, args)
+    report_records(table, record, args)
     return 0
