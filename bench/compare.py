@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from dssync.bench.overlap import train_on_cluster
+from dssync.bench.tables import markdown
 from dssync.errors import DssyncError
 from dssync.launch import emulate
 from dssync.training.loop import comm_warmup, first_at_target, per_rank_comm_ms
@@ -205,15 +206,13 @@ def loss_rows(records: Sequence[dict[str, Any]], target: float) -> list[dict[str
 
 
 def loss_table(rows: Sequence[dict[str, Any]]) -> str:
-    lines = ["| scenario | strategy | target loss | reached | iters to target | updates to target | "
-             "time to target s | final loss | aborts/run | re-syncs/run |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['scenario']} | {r['strategy']} | {r['target_loss']:.3f} | {r['reached']}/{r['repeats']} | "
-                     f"{_fmt(r['iterations_to_loss'], '.0f')} | {_fmt(r['updates_to_loss'], '.0f')} | "
-                     f"{_fmt(r['time_to_loss_s'], '.1f')} | {r['final_loss']:.3f} | "
-                     f"{_fmt(r.get('aborts_per_run'), '.0f')} | {_fmt(r.get('resyncs_sent_per_run'), '.0f')} |")
-    return "\n".join(lines)
+    return markdown(
+        ["scenario", "strategy", "target loss", "reached", "iters to target", "updates to target", "time to target s",
+         "final loss", "aborts/run", "re-syncs/run"],
+        [[r["scenario"], r["strategy"], f"{r['target_loss']:.3f}", f"{r['reached']}/{r['repeats']}",
+          _fmt(r["iterations_to_loss"], ".0f"), _fmt(r["updates_to_loss"], ".0f"), _fmt(r["time_to_loss_s"], ".1f"),
+          f"{r['final_loss']:.3f}", _fmt(r.get("aborts_per_run"), ".0f"), _fmt(r.get("resyncs_sent_per_run"), ".0f")]
+         for r in rows])
 
 
 def rank_comm_ms(record: dict[str, Any]) -> float | None:
@@ -288,16 +287,14 @@ def _median(values: Sequence[float | None]) -> float | None:
 
 
 def markdown_table(rows: Sequence[dict[str, Any]], reference: str = "ddp") -> str:
-    lines = [f"| scenario | strategy | reached | time to target s | {reference} ÷ this | iters to target | "
-             "wall ms/iter | per-rank comm ms/iter | max-rank comm ms/iter | best acc. (min) | target |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['scenario']} | {r['strategy']} | {r['reached']}/{r['repeats']} | "
-                     f"{_fmt(r['time_to_target_s'], '.1f')} | {_fmt(r['tta_ratio'], '.2f')} | "
-                     f"{_fmt(r['iterations_to_target'], '.0f')} | {r['wall_ms_per_iter']:.1f} | "
-                     f"{_fmt(r.get('rank_comm_ms_per_iter'), '.1f')} | {r['comm_ms_per_iter']:.1f} | "
-                     f"{r['best_accuracy']:.4f} ({r['best_accuracy_min']:.4f}) | "
-                     f"{_fmt(r['target_accuracy'], '.4f')} |")
+    lines = [markdown(
+        ["scenario", "strategy", "reached", "time to target s", f"{reference} ÷ this", "iters to target",
+         "wall ms/iter", "per-rank comm ms/iter", "max-rank comm ms/iter", "best acc. (min)", "target"],
+        [[r["scenario"], r["strategy"], f"{r['reached']}/{r['repeats']}", _fmt(r["time_to_target_s"], ".1f"),
+          _fmt(r["tta_ratio"], ".2f"), _fmt(r["iterations_to_target"], ".0f"), f"{r['wall_ms_per_iter']:.1f}",
+          _fmt(r.get("rank_comm_ms_per_iter"), ".1f"), f"{r['comm_ms_per_iter']:.1f}",
+          f"{r['best_accuracy']:.4f} ({r['best_accuracy_min']:.4f})", _fmt(r["target_accuracy"], ".4f")]
+         for r in rows])]
     failures = [f"{r['scenario']} {r['strategy']}: {r['failed']} of {r['repeats']} runs failed"
                 for r in rows if r.get("failed")]
     if failures:
@@ -341,16 +338,15 @@ def seed_table(rows: Sequence[dict[str, Any]], reference: str = "ddp") -> str:
     """``seed_rows`` as markdown: differences in percentage points; † marks a run stopped at
     the target."""
     seeds = sorted({k for r in rows for k in r["bests"]})
-    lines = [f"| scenario | strategy | {' | '.join(f'seed {k}' for k in seeds)} | − {reference}, mean pp | "
-             f"95 % interval pp | seeds ≥ {reference} |", "|---|---|" + "---|" * (len(seeds) + 3)]
+    cells = []
     for r in rows:
         ci = "n/a" if r["ci95"] is None else f"{100 * r['ci95'][0]:+.3f} … {100 * r['ci95'][1]:+.3f}"
         mean = "n/a" if r["mean_diff"] is None else f"{100 * r['mean_diff']:+.3f}"
-        lines.append(f"| {r['scenario']} | {r['strategy']} | "
-                     + " | ".join(_fmt(r["bests"].get(k), ".4f") + ("†" if k in r["stopped"] else "")
-                                  for k in seeds)
-                     + f" | {mean} | {ci} | {r['at_least_reference']}/{r['pairs']} |")
-    return "\n".join(lines)
+        cells.append([r["scenario"], r["strategy"],
+                      *(_fmt(r["bests"].get(k), ".4f") + ("†" if k in r["stopped"] else "") for k in seeds),
+                      mean, ci, f"{r['at_least_reference']}/{r['pairs']}"])
+    return markdown(["scenario", "strategy", *(f"seed {k}" for k in seeds), f"− {reference}, mean pp",
+                     "95 % interval pp", f"seeds ≥ {reference}"], cells)
 
 
 def plot(records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], out: str | Path,

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dssync.bench.simulate import Network, simulate
+from dssync.bench.tables import markdown
 from dssync.training.loop import first_at_target
 
 __all__ = ["contended_racks", "iterations_factors", "plot", "predict_tta", "markdown_table"]
@@ -93,14 +94,15 @@ def predict_tta(*, racks: Sequence[int], workers_per_rack: int, fractions: Seque
 
 
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
-    lines = ["| workers | contended uplinks | strategy | wall ms/iter | per-rank comm ms/iter | iterations ÷ ddp's "
-             "(runs reached) | predicted ddp TTA ÷ this |", "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        f = "most runs never reached it" if r["iterations_factor"] is None else f"{r['iterations_factor']:.2f}"
-        t = "n/a" if r["tta_ratio"] is None else f"{r['tta_ratio']:.2f}"
-        lines.append(f"| {r['workers']} | {100 * r['contended_fraction']:.0f}% | {r['strategy']} | {r['wall_ms']:.1f} "
-                     f"| {r['per_rank_comm_ms']:.1f} | {f} ({r['reached']}) | {t} |")
-    return "\n".join(lines)
+    def factor(r: dict[str, Any]) -> str:
+        return "most runs never reached it" if r["iterations_factor"] is None else f"{r['iterations_factor']:.2f}"
+
+    return markdown(
+        ["workers", "contended uplinks", "strategy", "wall ms/iter", "per-rank comm ms/iter",
+         "iterations ÷ ddp's (runs reached)", "predicted ddp TTA ÷ this"],
+        [[r["workers"], f"{100 * r['contended_fraction']:.0f}%", r["strategy"], f"{r['wall_ms']:.1f}",
+          f"{r['per_rank_comm_ms']:.1f}", f"{factor(r)} ({r['reached']})",
+          "n/a" if r["tta_ratio"] is None else f"{r['tta_ratio']:.2f}"] for r in rows])
 
 
 def plot(rows: Sequence[dict[str, Any]], path: str) -> None:

@@ -41,6 +41,7 @@ import scipy.optimize
 
 from dssync.bench.overlap import train_on_cluster
 from dssync.bench.simulate import STRATEGIES, Network, rank_times, ring_round, with_contention
+from dssync.bench.tables import markdown
 from dssync.launch import emulate
 from dssync.topology import Topology, Worker
 
@@ -380,8 +381,7 @@ def simcheck(scenarios: Sequence[str], strategies: Sequence[str], *, seeds: Sequ
 def markdown_table(record: dict[str, Any]) -> str:
     """Per (scenario, strategy): measured means over the seeds and the range of simulated ÷
     measured over the seeds, wall and per-rank comm."""
-    lines = ["| scenario | strategy | wall ms/iter measured | simulated | ÷ (seeds) | per-rank comm ms/iter measured "
-             "| simulated | ÷ (seeds) |", "|---|---|---|---|---|---|---|---|"]
+    rows = []
     keys = list(dict.fromkeys((r["scenario"], r["strategy"]) for r in record["rows"]))
     for key in keys:
         rs = [r for r in record["rows"] if (r["scenario"], r["strategy"]) == key]
@@ -389,8 +389,8 @@ def markdown_table(record: dict[str, Any]) -> str:
         def span(field: str, rs: list[dict[str, Any]] = rs) -> str:
             vals = [r[field] for r in rs]
             return f"{min(vals):.2f}–{max(vals):.2f}" if len(vals) > 1 else f"{vals[0]:.2f}"
-        lines.append(f"| {key[0]} | {key[1]} | {statistics.fmean(r['wall_ms'] for r in rs):.1f} "
-                     f"| {rs[0]['sim_wall_ms']:.1f} | {span('wall_ratio')} "
-                     f"| {statistics.fmean(r['comm_ms'] for r in rs):.1f} | {rs[0]['sim_comm_ms']:.1f} "
-                     f"| {span('comm_ratio')} |")
-    return "\n".join(lines)
+        rows.append([key[0], key[1], f"{statistics.fmean(r['wall_ms'] for r in rs):.1f}", f"{rs[0]['sim_wall_ms']:.1f}",
+                     span("wall_ratio"), f"{statistics.fmean(r['comm_ms'] for r in rs):.1f}",
+                     f"{rs[0]['sim_comm_ms']:.1f}", span("comm_ratio")])
+    return markdown(["scenario", "strategy", "wall ms/iter measured", "simulated", "÷ (seeds)",
+                     "per-rank comm ms/iter measured", "simulated", "÷ (seeds)"], rows)

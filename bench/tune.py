@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dssync.bench.compare import median_with_misses, parse_variant, summarize, time_to
+from dssync.bench.tables import markdown
 
 __all__ = ["RULE", "apply_tuned", "choose", "markdown_table"]
 
@@ -137,9 +138,7 @@ def markdown_table(record: dict[str, Any]) -> str:
     target that decided."""
     scenarios = record["scenarios"]
     ref = record["reference"]
-    lines = ["| peer | setting | " + " | ".join(f"{s}: reached, TTA ÷ {ref}" for s in scenarios)
-             + " | score | score at the lowered target | worst best acc. | mean best acc. |",
-             "|---|---|" + "---|" * len(scenarios) + "---|---|---|---|"]
+    rows = []
 
     def num(value: float | None) -> float:
         return math.inf if value is None else value
@@ -156,8 +155,10 @@ def markdown_table(record: dict[str, Any]) -> str:
         score = "never" if c["score"] is None else f"{c['score']:.2f}"
         lowered = "" if "lowered_score" not in c else "never" if c["lowered_score"] is None \
             else f"{c['lowered_score']:.2f}"
-        lines.append(f"| {c['peer']} | {setting} | " + " | ".join(cells) + f" | {score} | {lowered} | "
-                     f"{c['worst_best_accuracy']:.4f} | {c['best_accuracy']:.4f} |")
+        rows.append([c["peer"], setting, *cells, score, lowered, f"{c['worst_best_accuracy']:.4f}",
+                     f"{c['best_accuracy']:.4f}"])
+    lines = [markdown(["peer", "setting", *(f"{s}: reached, TTA ÷ {ref}" for s in scenarios), "score",
+                       "score at the lowered target", "worst best acc.", "mean best acc."], rows)]
     notes = []
     for peer, how in record["decided_by"].items():
         if how["target"] == "lowered":

@@ -45,6 +45,7 @@ def run_ensemble(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from dssync.bench.ensemble import compare_ensembles, summarize_ensembles
+    from dssync.bench.tables import markdown
     from dssync.commands._common import schedule_from_args
     from dssync.strategies import DSSyncStrategy
     from dssync.training.loop import TrainConfig
@@ -63,12 +64,11 @@ def run_ensemble(args: argparse.Namespace) -> int:
     records = compare_ensembles(base, rules, range(args.seeds), nproc=nproc, progress=lambda r: console.print(
         f"seed {r['seed']} {r['rule']}: final accuracy {r['final_accuracy']:.4f}, best {r['best_accuracy']:.4f}",
         markup=False, highlight=False))
-    lines = ["| rule | evaluations | lower than plain | higher | worst pp | mean pp | mean loss diff | "
-             "at the end, pp (per seed) | final acc. | best acc. |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in summarize_ensembles(records):
-        lines.append(f"| {r['rule']} | {r['evaluations']} | {r['lower']} | {r['higher']} | {r['worst_pp']:+.2f} | "
-                     f"{r['mean_pp']:+.3f} | {r['mean_loss_diff']:+.4f} | "
-                     f"{', '.join(f'{d:+.2f}' for d in r['final_pp'])} | {r['final_accuracy']:.4f} | "
-                     f"{r['best_accuracy']:.4f} |")
-    report_records("\n".join(lines), records, args)
+    table = markdown(
+        ["rule", "evaluations", "lower than plain", "higher", "worst pp", "mean pp", "mean loss diff",
+         "at the end, pp (per seed)", "final acc.", "best acc."],
+        [[r["rule"], r["evaluations"], r["lower"], r["higher"], f"{r['worst_pp']:+.2f}", f"{r['mean_pp']:+.3f}",
+          f"{r['mean_loss_diff']:+.4f}", ", ".join(f"{d:+.2f}" for d in r["final_pp"]), f"{r['final_accuracy']:.4f}",
+          f"{r['best_accuracy']:.4f}"] for r in summarize_ensembles(records)])
+    report_records(table, records, args)
     return 0
