@@ -217,11 +217,39 @@ class ParameterServer:
         """Overwrite the parameter buffer with every shard's current parameters."""
         self._exchange(Op.PULL, -1, None)
 
-    def pull_settled(self) -> None:
+    def pull_settled(self, stay_idle: bool = False) -> None:
         """Collective: once every worker has stopped pushing (a barrier), pull, so every
-        push of every worker is in what this worker reads."""
+        push of every worker is in what this worker reads. (``stay_idle`` matters only to
+        servers whose workers take part in rounds.)"""
         self.comm.barrier()
         self.pull()
+
+    # -- the protocol every server speaks, whatever its shard rule ------------------------------
+    #: Seconds this worker's last push took alone, before any wait for other workers, where the
+    #: server tells the two apart (rounds); ``None`` where a push waits for nobody.
+    last_send_s: float | None = None
+
+    def set_idle(self, idle: bool) -> None:
+        """Leave the rounds for a while (``True``) or come back; a server without rounds has
+        nothing to leave."""
+        return None
+
+    def momentum(self) -> np.ndarray:
+        """A copy of this rank's shard's momentum buffer (what a successor server takes over)."""
+        with self._shard_lock():
+            return self._shard.momentum_buf.copy()
+
+    def set_momentum(self, buffer: np.ndarray) -> None:
+        """Take over a predecessor's momentum for this rank's shard (before any push reaches it)."""
+        with self._shard_lock():
+            self._shard.momentum_buf[:] = buffer
+
+    def stats(self) -> dict[str, object]:
+        """What this rank's shard counted (rounds servers report theirs)."""
+        return {}
+
+    def _shard_lock(self) -> threading.Condition | threading.Lock:
+        return self._shard.cond
 
     def close(self) -> None:
         """Tell every shard this worker is done, then wait (bounded) until this rank's shard

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from dssync.strategies.allreduce import AllreduceStrategy
-from dssync.strategies.asp import ASPStrategy, SSPStrategy
+from dssync.strategies.asp import ASPStrategy
 from dssync.strategies.base import Strategy
 from dssync.strategies.ddp import DDPStrategy
 from dssync.strategies.diloco import DiLoCoStrategy
@@ -15,6 +15,7 @@ from dssync.strategies.hierarchical import HierarchicalStrategy
 from dssync.strategies.local_sgd import LocalSGDStrategy
 from dssync.strategies.psp import PSPStrategy
 from dssync.strategies.specsync import SpecSyncStrategy
+from dssync.strategies.ssp import SSPStrategy
 from dssync.strategies.sync_switch import SyncSwitchStrategy
 from dssync.strategies.torch_hier import TorchHierStrategy
 

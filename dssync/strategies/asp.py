@@ -1,11 +1,10 @@
-"""``asp`` and ``ssp``: data parallelism through the sharded parameter server (``dssync.ps.server``).
+"""``asp``: data parallelism through the sharded parameter server (``dssync.ps.server``).
 
 Every iteration a worker pushes its gradient to every shard, where it is applied at once
 with the loop's SGD settings (momentum, and the learning rate divided by the number of
 workers: see ``Config.scale_lr``), and pulls the shards' parameters
 back into its model. ``asp`` never waits for other workers: its gradients can be
-computed on parameters many updates old. ``ssp`` bounds that: a worker at clock ``c`` goes on
-only when every worker has pushed iteration ``c - staleness``. The optimizer runs on the
+computed on parameters many updates old (``ssp`` bounds that). The optimizer runs on the
 servers, so the loop's optimizer must be passed through ``wrap_optimizer`` (its ``step``
 becomes a no-op). The model handed back is the servers' parameters after every push has
 been applied.
@@ -25,7 +24,7 @@ from dssync.ps.server import ParameterServer
 from dssync.strategies.allreduce import GradientBuffer
 from dssync.strategies.base import StepsElsewhere, Strategy, StrategyContext
 
-__all__ = ["ASPStrategy", "SSPStrategy"]
+__all__ = ["ASPStrategy"]
 
 
 class ASPStrategy(Strategy):
@@ -124,21 +123,3 @@ class ASPStrategy(Strategy):
         if self.server is not None:
             self.server.close()
 
-
-class SSPStrategy(ASPStrategy):
-    name = "ssp"
-
-    @dataclass(frozen=True, kw_only=True)
-    class Config(ASPStrategy.Config):
-        staleness: int = 3
-        """A worker at clock c waits until every worker has pushed iteration c - staleness."""
-
-        def __post_init__(self) -> None:
-            if self.staleness < 0:
-                raise ValueError(f"staleness must be 0 or more, got {self.staleness}")
-
-    config: Config
-
-    def __init__(self, ctx: StrategyContext, config: Config | None = None) -> None:
-        super().__init__(ctx, config)
-        self.staleness = self.config.staleness

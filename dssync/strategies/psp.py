@@ -67,5 +67,5 @@ class PSPStrategy(ASPStrategy):
                              delay_prob=c.delay_prob, delay_s=c.delay_s, seed=c.seed, **settings)
 
     def stats(self) -> dict[str, object]:
-        assert isinstance(self.server, PartialServer), "setup() first"
+        assert self.server is not None, "setup() first"
         return self.server.stats()

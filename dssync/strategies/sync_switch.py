@@ -208,7 +208,7 @@ class SyncSwitchStrategy(ASPStrategy):
         # The worker's own time: from holding the new parameters to its gradient sent (its
         # computation, and for a BSP round the push alone, not the wait for the others; an
         # ASP push-and-pull waits for nobody). A throttled CPU or a slow NIC both show here.
-        own = self.server.last_send_s if isinstance(self.server, PartialServer) else time.perf_counter() - t0
+        own = self.server.last_send_s if self.server.last_send_s is not None else time.perf_counter() - t0
         if self._ready_at is not None:
             self._busy_s += t0 - self._ready_at + own
             self._busy_iters += 1
@@ -249,7 +249,6 @@ class SyncSwitchStrategy(ASPStrategy):
             if newly:
                 self._note(next_step, "removed", newly, throughput)
                 if self.comm.rank in newly:
-                    assert isinstance(self.server, PartialServer)
                     self.server.set_idle(True)  # rounds close without it from now on
                 self.removed.update(newly)
                 for w in newly:
@@ -263,20 +262,19 @@ class SyncSwitchStrategy(ASPStrategy):
         """Hand the servers' state to servers of protocol ``to`` (collective), timed."""
         assert self._settings is not None and self.server is not None, "setup() first"
         t0 = time.perf_counter()
-        if isinstance(self.server, PartialServer):
-            self.server.set_idle(True)  # no BSP round waits for a worker that is switching
+        self.server.set_idle(True)  # no BSP round waits for a worker that is switching
         self.comm.barrier()  # every worker's last push has been applied and answered
         self.server.pull()  # the settled parameters, also for workers that were out of the rounds
         k = self.comm.world_size
         # Unchanged: a round moves lr times the buffer in both phases (module docstring).
-        momentum = self.server._shard.momentum_buf.copy()
+        momentum = self.server.momentum()
         self.server.close()
         self.phase = to
         if to == "asp":
             self.removed.clear()  # the full cluster trains the ASP phase
         settings = dict(self._settings, lr=self._server_lr(self._loop_lr))
         self.server = self._make_server(settings)
-        self.server._shard.momentum_buf[:] = momentum
+        self.server.set_momentum(momentum)
         self.comm.barrier()  # no push reaches a new shard before its momentum is in place
         self._flagged = [0] * k
         self._clean = 0
@@ -287,10 +285,7 @@ class SyncSwitchStrategy(ASPStrategy):
     def final_model(self) -> nn.Module:
         assert self.server is not None, "setup() first"
         self._ready_at = None  # the evaluation's waits are nobody's own time
-        if isinstance(self.server, PartialServer):
-            self.server.pull_settled(stay_idle=self._out)
-        else:
-            self.server.pull_settled()
+        self.server.pull_settled(stay_idle=self._out)
         return super()._handed_back()
 
     def stats(self) -> dict[str, object]:

@@ -21,7 +21,7 @@ def _tensors(rank: int, shapes: list[tuple[int, ...]], kinds: list[int], transpo
     return out
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(
     layout=st.lists(st.tuples(st.lists(st.integers(1, 4), min_size=1, max_size=2), st.integers(0, 1), st.booleans()),
                     min_size=1, max_size=5),
