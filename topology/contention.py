@@ -26,10 +26,9 @@ def _nic_estimates(bw: np.ndarray, hosts: Sequence[str] | None, queued: Sequence
     flows hold this one, most of those flows are slow, and the best ran in a lull of theirs.
     (With one rack-mate, that mate may be the queued one: a rank of a rack of two whose mate's
     NIC and uplink both hold another job's queue waits on every ping too, with a clear NIC.)
-    A queued mate does not speak for this rank's NIC: its own NIC holds the flow back. On a
-    3,2,4 layout with another job's streams on rank 1's NIC, rank 2's pings waited too (a
-    busy host), and the median of its flows with ranks 0 and 1, 0.95 and 0.15 Gbit/s, came
-    to 0.54 and flagged its clear NIC."""
+    A queued mate does not speak for this rank's NIC: its own NIC holds the flow back, and a
+    median taken over a clear mate's fast flow and a queued mate's slow one flags a clear
+    NIC."""
     through_nic = bw.copy()
     np.fill_diagonal(through_nic, 0.0)
     if hosts is not None:
@@ -171,12 +170,10 @@ def classify_contention(
     got): then the rack is slow when its aggregate is below ``slow_ratio`` of the others'.
     With two racks the other rack's pairwise egress is the contended uplink's *ingress*, and
     a single flow in it is held back too, by its ACKs queueing behind the background traffic
-    and its window growing over the longer round trip: on the emulated ``inter-rack``
-    scenario, pairwise egress measured 0.11 against the other rack's 0.18 Gbit/s (ratios
-    0.5 to 0.8 run to run), both far below the NICs' 0.95, while the aggregates, four flows
-    at once, read 0.11 to 0.33 against 0.56 to 0.90. Without contention pairwise flows can be
-    held back as well (on ``static`` the cross-rack pairs of a round share the uplink and got
-    0.2 to 0.5 Gbit/s); there the aggregates agree (0.91 and 0.92) and nothing is flagged. With
+    and its window growing over the longer round trip, so both racks' pairwise egress falls
+    far below the NICs' while only the contended rack's aggregate does. Without contention
+    pairwise flows can be held back as well (the cross-rack pairs of a round share the
+    uplink); there the aggregates agree and nothing is flagged. With
     ``hosts``, a rack that shares a host with another rack is not judged (its cross-rack
     flows need not leave the machine). Racks slowed alike: where no rack stands out and
     every rack's aggregate is below ``slow_ratio`` of what one NIC sends (or its clear

@@ -63,12 +63,11 @@ def paced(schedule: Schedule, topology: Topology, pace: int, *, message_bytes: i
     streams), the cross-rack group takes several times as long as the intra-rack ones and
     every round waits for it: its members fall behind and their rack-mates wait for them next
     round. Exchanging across racks every ``pace``-th round spreads that cost over ``pace``
-    rounds. On the emulated ``inter-rack`` scenario (mnist-wide, 8 ranks) a pace of 4 cut
-    ds-sync's wall time from 17-20 s to 11-12 s per 200 steps at the same accuracy
-    (bench/README.md). The price is slower mixing across racks; ``rho`` of the period says
-    how much. Pairs around a slow *NIC* are not paced: on the same cluster, a NIC pair that
-    ran every fourth round took twice as long each time (85 against 43 ms), because the job's
-    idle socket restarts against the other job's established streams on that host.
+    rounds (bench/README.md: ds-sync's ``inter-rack`` comparisons, where regrouping paces
+    the racks). The price is slower mixing across racks; ``rho`` of the period says how
+    much. Pairs around a slow *NIC* are not paced: a NIC pair that runs only every few
+    rounds takes longer each time, because the job's idle socket restarts against the
+    other job's established streams on that host.
     """
     if not 1 <= pace <= MAX_PACE:
         raise ScheduleError(f"pace must be 1 (every round) to {MAX_PACE}, got {pace}; a slower pace "

@@ -123,9 +123,8 @@ def cross_rack_pace(records: Iterable[Record], racks: Sequence[int], *, current:
     intra-rack group (a slow NIC's pair can be slower still; then pacing the racks gains
     nothing). Then the pace is ``ceil(t_cross / t_intra - 1)`` within ``[1, max_pace]``.
 
-    Once paced, the cross-rack group runs less often and often faster, so the ratio drops
-    (on the emulated ``inter-rack`` scenario, 127 ms against 18 at pace 1, 72 against 25 at
-    pace 4): a pace above 1 is kept until the window asks for 1, when the cross-rack groups
+    Once paced, the cross-rack group runs less often and often faster, so the ratio drops:
+    a pace above 1 is kept until the window asks for 1, when the cross-rack groups
     are no longer the slowest or no slower than twice the intra-rack ones, so the plan does
     not flap between paces. A window without both kinds of groups keeps ``current``.
     """

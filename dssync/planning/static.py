@@ -71,7 +71,7 @@ def static_plan(
 
 
 def schedule_of_rounds(rounds: Sequence[Sequence[Group]], topology: Topology, message_bytes: int | None, *,
-              notes: Sequence[str] = ()) -> Schedule:
+                       notes: Sequence[str] = ()) -> Schedule:
     """The ``Schedule`` of ``rounds`` (each round's named groups; the rest of each rack is
     one group), with ``predicted_comm_ms`` (the mean over the period of the slowest group's
     lower bound) when the topology has bandwidth and a size is given."""

@@ -128,7 +128,7 @@ def ping_pong(link: Link, peer: int, lead: bool, cfg: ProbeConfig, quantile: flo
 
 
 def timed_stream(link: Link, peer: int, send: bool, cfg: ProbeConfig, payload: torch.Tensor,
-            what: str = "bandwidth") -> float | None:
+                 what: str = "bandwidth") -> float | None:
     """Sender-side Gbit/s of a timed stream (``iperf3 -t`` style), ``None`` on the receiver.
 
     The receiver acks every ``payload``-sized message, until a one-byte message whose byte
@@ -239,7 +239,7 @@ class Iperf3:
 
 
 def concurrent_streams(link: Link, rank: int, flows: list[tuple[int, int]], cfg: ProbeConfig,
-             what: str) -> dict[tuple[int, int], float]:
+                       what: str) -> dict[tuple[int, int], float]:
     """Run every ``(src, dst)`` flow at once for ``cfg.bandwidth_seconds``, each at its own
     pace; return ``{(rank, dst): Gbit/s}`` for the flows this rank sent.
 

@@ -98,7 +98,7 @@ def latency_pair(link: Link, rank: int, peer: int, cfg: ProbeConfig) -> dict[tup
 
 
 def bandwidth_pair(link: Link, rank: int, peer: int, sender: int, cfg: ProbeConfig,
-                    payload: torch.Tensor, iperf: Iperf3 | None) -> dict[tuple[int, int], float]:
+                   payload: torch.Tensor, iperf: Iperf3 | None) -> dict[tuple[int, int], float]:
     """``{(src, dst): Gbit/s}`` for the one direction this rank timed: from ``sender`` (this
     rank or ``peer``) to the other. With iperf3 the lower rank runs the client both ways
     (``-R`` where the higher rank's server sends) and the higher rank's server answers."""
@@ -111,7 +111,7 @@ def bandwidth_pair(link: Link, rank: int, peer: int, sender: int, cfg: ProbeConf
 
 
 def concurrent_phase(comm: Communicator, link: Link, flows: list[tuple[int, int]], cfg: ProbeConfig, what: str,
-           pings: Sequence[tuple[int, int]] = ()) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float]]:
+                     pings: Sequence[tuple[int, int]] = ()) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float]]:
     """``concurrent_streams`` on every rank after a barrier, with ``pings`` (``(pinger, echo)``) in the
     middle of it: every flow's Gbit/s and every pinger's one-way µs, on every rank.
 
@@ -145,7 +145,7 @@ def concurrent_phase(comm: Communicator, link: Link, flows: list[tuple[int, int]
 
 
 def echo_rank(racks: list[int], rack: int, pingers: list[int], bw: np.ndarray, latency_us: np.ndarray,
-          clear_us: float) -> int | None:
+              clear_us: float) -> int | None:
     """The quiet rank outside ``rack`` that the pingers ping during its blast.
 
     One whose idle pings from every pinger were clear (at most ``clear_us``), if any (a queue that other traffic
@@ -177,11 +177,11 @@ def _waits_on(comm: Communicator, link: Link, cfg: ProbeConfig, rank: int, peer:
     The pairs phase keeps a path's fastest ping of a burst, which tells a path from the CPU
     on a busy host but not a standing queue from a lull in it: another job's TCP streams
     back off together now and then, and a burst of pings that starts then runs entirely in
-    the lull (at 0.1 ms a round trip, twenty take 2 ms). On a 2,3,3 layout with another
-    job's two streams through rank 5's NIC, its pings once looked clear that way in CI, its
-    fan of seven flows took 0.6 Gbit/s from those streams and cleared the NIC. Windows
-    spread over 0.15 s each keep their fastest ping, so a scheduling hiccup still costs
-    nothing, and the median of them is a lull only if most of that time was one.
+    the lull (a burst of sub-millisecond round trips takes a few milliseconds). A rank behind
+    another job's streams at its NIC can then look clear, and its fan, taking a share from
+    those streams, clears the NIC. Windows spread over 0.15 s each keep their fastest ping,
+    so a scheduling hiccup still costs nothing, and the median of them is a lull only if
+    most of that time was one.
     """
     window = replace(cfg, latency_reps=_RECHECK_PINGS, latency_seconds=_RECHECK_GAP_S / 2)
     mine = None
@@ -199,8 +199,8 @@ def _waits_on(comm: Communicator, link: Link, cfg: ProbeConfig, rank: int, peer:
 
 
 def run_fans(comm: Communicator, link: Link, cfg: ProbeConfig, bw: np.ndarray, hosts: list[str],
-          racks: list[int], queued: list[int], latency_us: np.ndarray,
-          clear_us: float) -> tuple[dict[int, dict[str, dict[int, float]]], list[dict[str, Any]]]:
+             racks: list[int], queued: list[int], latency_us: np.ndarray,
+             clear_us: float) -> tuple[dict[int, dict[str, dict[int, float]]], list[dict[str, Any]]]:
     """A fan for each rank whose pairs called its NIC slow (``nic_suspects``) and whose NIC
     has no standing queue (not ``queued``): it sends to, or takes from, every rank off its
     host at once, in each direction it looked slow. ``({rank: {direction: {peer: Gbit/s}}},
@@ -209,16 +209,14 @@ def run_fans(comm: Communicator, link: Link, cfg: ProbeConfig, bw: np.ndarray, h
     A ``queued`` rank (``queued_ranks``: its pings wait both ways, even to its nearest rank)
     sits behind a queue at its own NIC, another job's streams, and more flows would only
     take a larger share of them (TCP shares per flow), so a fan could not clear it and none
-    is run. One clear ping is not enough: on a 5,4 layout with another job's two streams
-    through rank 7's NIC, one ping reached it in 88 us while the others waited 0.9-1.4 ms,
-    and its fan of eight flows carried 0.67 Gbit/s and cleared the NIC. Nor is one clear
-    burst: before its fan, a rank is pinged again in windows spread over time
+    is run. One clear ping is not enough: one ping can slip through another job's queue at a
+    rank's NIC while the others wait, and a fan then takes a share of that job's streams and
+    clears the NIC. Nor is one clear burst: before its fan, a rank is pinged again in windows spread over time
     (``_waits_on``), from its nearest ranks off its host in turn until one path is clear;
     one whose every path waits most of the time gets no fan either (in the record as
     ``{"rank", "skipped": "standing queue", "ping_us"}``, its best path's). Every path, not
-    the nearest only: on a 1,3,1 layout with another job on the middle rack's uplink, the
-    first rack's clear worker reached its nearest rank, in the middle rack, through that
-    uplink's queue (2.6 ms), and the third rack's worker in 0.2 ms.
+    the nearest only: a clear worker's nearest rank may sit behind another job's queue at
+    its rack's uplink, and only a path around that queue shows the worker's own NIC clear.
     """
     fans: dict[int, dict[str, dict[int, float]]] = {}
     record: list[dict[str, Any]] = []

@@ -44,13 +44,11 @@ IPERF_BASE_PORT = 5201
 QUEUE_MS = 5  # tbf queue per shaped link, in ms at its rate
 #: Largest GSO segment a host hands its NIC, in bytes. The kernel's default, 64 KiB, lets a
 #: ``QUEUE_MS`` tbf queue hold only a dozen segments: with a few flows through it, each drop
-#: loses some 45 packets at once, a whole window, and TCP waits out a retransmission timeout
-#: (200 ms, doubling). A 1.6 MB send out of a NIC shared with a background flow took 110 ms
-#: at the median but 400 ms to 1.8 s one time in four; at 16 KiB every one of 20 took 122 ms,
-#: the 1/9 fair share. A switch port's buffer holds packets, not host-side super-segments.
-#: The price is CPU: four times the segments through the veths and qdiscs. With 8 ranks on 2
-#: cores, ds-sync's static comm time (mnist-wide) rose from 31 to 53 ms, allreduce's from 47
-#: to 63 ms.
+#: loses a whole window at once and TCP waits out a retransmission timeout (200 ms,
+#: doubling), so a send out of a NIC shared with a background flow now and then takes many
+#: times its fair share. A switch port's buffer holds packets, not host-side super-segments.
+#: The price is CPU: four times the segments through the veths and qdiscs, which on two
+#: cores shows in every job's communication time on the emulated cluster.
 GSO_MAX_BYTES = 16384
 #: TCP streams per background flow: TCP's per-stream fairness leaves k job flows about
 #: k/(k + FLOW_STREAMS) of the contended link, so even a whole rack of 4 or 5 workers sending
@@ -64,8 +62,6 @@ FLOW_STREAMS = 8
 #: ... rto_min``). Linux's default, 200 ms, is a wide-area value: at this fabric's
 #: sub-millisecond round trips one lost tail segment stalls a collective for 40 times its
 #: transfer (the incast problem), which is why clusters that run collectives lower it.
-#: With 200 ms, a 100-step allreduce on ``inter-rack`` measured 255-547 ms/iter over five
-#: runs, mostly from timeouts (about 30 per 100 iterations); see bench/README.md.
 RTO_MIN_MS = 5
 
 
