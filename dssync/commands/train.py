@@ -116,7 +116,6 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--bucket-mb applies to --overlap only")
         options["bucket_mb"] = args.bucket_mb
     options.update(strategy.Config.read(args.settings, args.strategy))
-    strategy.Config(**options)  # a bad setting fails here, before any rank starts
     if args.racks_from is not None and (not strategy.probes or args.topology or args.rack_sizes or args.racks):
         names = " or ".join(probing())
         raise ValueError(f"--racks-from applies when {names} probes the network: --strategy {names} without "

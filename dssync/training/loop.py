@@ -26,7 +26,7 @@ from dssync.launch.spawn import BACKENDS
 from dssync.planning.schedule import Schedule
 from dssync.probing.probe import ProbeConfig, host_name, probe_rank
 from dssync.strategies import REGISTRY, get_strategy
-from dssync.strategies.base import StrategyContext
+from dssync.strategies.base import Strategy, StrategyContext
 from dssync.topology import Topology
 from dssync.topology.prior import parse_racks_from
 from dssync.training import checkpoint as ckpt
@@ -66,6 +66,10 @@ class TrainConfig:
     topology: Topology | None = None
     schedule: Schedule | None = None
     strategy_options: dict[str, Any] = field(default_factory=dict)
+    """The strategy's settings by name, as its ``Config`` takes them (checked when this config is made)."""
+    strategy_config: Strategy.Config = field(init=False, repr=False, compare=False)
+    """``strategy_options`` as the strategy's own frozen ``Config``, built and validated once,
+    here; every rank builds its strategy from this object."""
     lr_schedule: str = "constant"
     """``constant`` or ``cosine`` (to zero at ``steps``), after ``warmup_steps``: see ``lr_factor``."""
     warmup_steps: int = 0
@@ -91,7 +95,8 @@ class TrainConfig:
     ``steps`` still sets the run's length (learning-rate schedule, SWA start)."""
 
     def __post_init__(self) -> None:
-        get_strategy(self.strategy)  # unknown names fail here, before any process starts
+        # unknown names and bad settings fail here, before any process starts
+        object.__setattr__(self, "strategy_config", get_strategy(self.strategy).Config(**self.strategy_options))
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r}; choose from {', '.join(BACKENDS)}")
         if self.task not in TASKS:
@@ -212,7 +217,7 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
     cls = get_strategy(cfg.strategy)
     strategy = cls(
         StrategyContext(comm=comm, model=model, topology=topology, schedule=cfg.schedule, steps=cfg.steps),
-        cls.Config(**cfg.strategy_options),
+        cfg.strategy_config,
     )
     base = make_optimizer(cfg, model.parameters())
     optimizer = strategy.wrap_optimizer(base)  # before the scheduler: strategies read the set rate
@@ -334,7 +339,7 @@ def train_rank(comm: Communicator, cfg: TrainConfig) -> dict[str, Any] | None:
         "comm_ms_by_rank": [[round(1e3 * x, 3) for x in mine] for mine in samples],
         "strategy_stats": stats,
         "config": {k: v for k, v in asdict(cfg).items()
-                   if k not in ("topology", "schedule", "progress")},
+                   if k not in ("topology", "schedule", "progress", "strategy_config")},
     }
 
 

@@ -39,3 +39,14 @@ def test_a_float_setting_takes_exactly_the_finite_numbers(x):
 def test_a_bool_setting_refuses_what_is_not_true_false_1_or_0(text):
     with pytest.raises(ValueError, match="overlap must be of type bool"):
         REGISTRY["ds-sync"].Config.read([f"overlap={text}"])
+
+
+def test_a_jobs_strategy_settings_are_checked_once_when_the_job_is_configured():
+    from dssync.training.loop import TrainConfig
+
+    cfg = TrainConfig(strategy="ds-sync", strategy_options={"max_pace": 2})
+    assert cfg.strategy_config == REGISTRY["ds-sync"].Config(max_pace=2)
+    with pytest.raises(ValueError, match="max_pace must be 1"):
+        TrainConfig(strategy="ds-sync", strategy_options={"max_pace": 0})
+    with pytest.raises(TypeError, match="max_pace"):
+        TrainConfig(strategy="allreduce", strategy_options={"max_pace": 2})
