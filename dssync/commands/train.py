@@ -23,7 +23,7 @@ from dssync.commands._common import (
     topology_from_args,
 )
 from dssync.launch import from_environ
-from dssync.strategies import REGISTRY, get_strategy, having, probing
+from dssync.strategies import REGISTRY, DSSyncStrategy, get_strategy, having, probing
 from dssync.training.loop import LR_SCHEDULES, OPTIMIZERS, TrainConfig, train
 from dssync.training.tasks import TASKS
 
@@ -59,24 +59,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="stop at the first evaluation whose test accuracy reaches ACC (--steps is the cap); "
                    "the record gets time_to_target_s")
     p.add_argument("--model-mb", type=positive_float, default=1.0, help="model size of the synthetic task")
+    ds = DSSyncStrategy.Config()  # the defaults the help quotes
     p.add_argument("--ensemble", default=None, choices=ENSEMBLES,
                    help="ds-sync: what each rank keeps for the final world average: none (its current "
                    "parameters, the default), swa (its iterates from --swa-start on), ema (--ema-decay)")
     p.add_argument("--swa-start", type=finite_float, default=None, metavar="FRACTION",
-                   help="ds-sync --ensemble swa: average the iterates after this fraction of the run (default 0.75)")
+                   help=f"ds-sync --ensemble swa: average the iterates after this fraction of the run (default {ds.swa_start})")
     p.add_argument("--ema-decay", type=finite_float, default=None, help="ds-sync --ensemble ema: decay of the local EMA "
-                   "model (default 0.98)")
+                   f"model (default {ds.ema_decay})")
     p.add_argument("--overlap", action="store_true",
                    help="ds-sync: average layer by layer as backward produces gradients (paper V-A.1)")
     p.add_argument("--bucket-mb", type=non_negative_float, default=None, metavar="MB",
-                   help="ds-sync --overlap: layers share one allreduce until it holds MB (default 1; "
+                   help=f"ds-sync --overlap: layers share one allreduce until it holds MB (default {ds.bucket_mb:g}; "
                    "0: one per layer)")
     p.add_argument("--adjust-every", type=positive_int, default=None, metavar="N",
                    help="ds-sync: sense contention from group timings every N iterations and regroup "
                    "(paper: 100; default off)")
     p.add_argument("--max-pace", type=positive_int, default=None, metavar="K",
                    help="ds-sync --adjust-every: let racks exchange as rarely as every K-th round when "
-                   "the cross-rack group is the job's bottleneck (default 4; 1: every round, as in the paper)")
+                   f"the cross-rack group is the job's bottleneck (default {ds.max_pace}; 1: every round, as in the paper)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
                    help="any setting of the strategy's Config, e.g. --set staleness=2 (ssp), "
                    "--set push_quorum=3 --set pull_fraction=0.75 (psp); repeatable")
