@@ -48,19 +48,21 @@ class OverlapReducer:
     averaging within ``shuffle``'s group of the iteration whose backward runs (``step``).
 
     ``wrap(optimizer)`` takes the loop's optimizer's settings (call it before ``install()``);
-    ``on_wait(seconds)`` is told of every wait for an allreduce in forward; ``after_forward()``
-    runs once every layer has its average (the ensemble folds there)."""
+    ``on_wait(seconds)`` is told of every wait for an allreduce in forward; ``landed(step)`` is
+    told once per iteration, when every layer holds iteration ``step``'s average (after the next
+    forward, or ``flush()``): what after-step mode has right after its average."""
 
     def __init__(self, model: nn.Module, flats: list[torch.Tensor], comm: Communicator, shuffle: Shuffle, *,
-                 bucket_mb: float, on_wait: Callable[[float], None], after_forward: Callable[[], None]) -> None:
+                 bucket_mb: float, on_wait: Callable[[float], None], landed: Callable[[int], None]) -> None:
         self.model = model
         self.flats = flats
         self.comm = comm
         self.shuffle = shuffle
         self.bucket_mb = bucket_mb
         self.on_wait = on_wait
-        self.after_forward = after_forward
+        self.landed = landed
         self.step = 0  # the iteration whose backward is running
+        self._landing = False  # the previous iteration's averages are in flight
         self.buckets: list[Bucket] = []
         self.param_optimizers: dict[nn.Parameter, torch.optim.Optimizer] = {}
         # the loop's optimizer and each parameter's group index in it: by index, because
@@ -105,7 +107,7 @@ class OverlapReducer:
                 p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, bucket))
             for module in bucket.modules:
                 module.register_forward_pre_hook(functools.partial(self._wait, bucket))
-        self.model.register_forward_hook(lambda module, args, output: self.after_forward())
+        self.model.register_forward_hook(lambda module, args, output: self._landed())
 
     @torch.no_grad()
     def _on_grad(self, bucket: Bucket, param: nn.Parameter) -> None:
@@ -129,11 +131,17 @@ class OverlapReducer:
             self.on_wait(time.perf_counter() - t0)
             bucket.work = None
 
+    def _landed(self) -> None:
+        # every layer has waited for its average (a forward ran, or flush())
+        if self._landing:
+            self._landing = False
+            self.landed(self.step - 1)
+
     def flush(self) -> None:
-        """Wait for every bucket's allreduce, then ``after_forward()``."""
+        """Wait for every bucket's allreduce, then tell ``landed``."""
         for bucket in self.buckets:
             self._wait(bucket)
-        self.after_forward()
+        self._landed()
 
     def finish(self, step: int) -> None:
         """Iteration ``step``'s backward is over: check that every bucket started, and count on."""
@@ -146,6 +154,7 @@ class OverlapReducer:
                 "iteration in this mode (use the after-step mode)"
             )
         self.step = step + 1
+        self._landing = True
 
 
 def _contiguous_view(params: list[nn.Parameter], flats: list[torch.Tensor]) -> torch.Tensor | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from typing import Any
@@ -107,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, key)
         if value is None or value is False:
             continue
-        if key not in {f.name for f in dataclasses.fields(strategy.Config)}:
+        if key not in strategy.Config.settings():
             raise ValueError(f"{flag} applies to --strategy {' or '.join(having(key))} only")
         if kind is not None and args.ensemble != kind:
             raise ValueError(f"{flag} applies to --ensemble {kind} only")

@@ -394,9 +394,6 @@ class PartialServer(ParameterServer):
         self.pull()
         self.comm.barrier()
 
-    def _shard_lock(self) -> threading.Lock:
-        return self._shard.lock
-
     def stats(self) -> dict[str, object]:
         """This rank's shard: rounds closed, the workers each applied, stale pushes dropped,
         block messages delayed."""

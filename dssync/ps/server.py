@@ -62,7 +62,8 @@ class _Shard:
         self.clocks = [0] * num_workers
         self.staleness = staleness
         self.timeout_s = timeout_s
-        self.cond = threading.Condition()
+        self.lock = threading.RLock()  # what every reader and writer of the shard holds
+        self.cond = threading.Condition(self.lock)
 
     def apply(self, worker: int, clock: int, grad: np.ndarray) -> None:
         with self.cond:
@@ -236,20 +237,17 @@ class ParameterServer:
 
     def momentum(self) -> np.ndarray:
         """A copy of this rank's shard's momentum buffer (what a successor server takes over)."""
-        with self._shard_lock():
+        with self._shard.lock:
             return self._shard.momentum_buf.copy()
 
     def set_momentum(self, buffer: np.ndarray) -> None:
         """Take over a predecessor's momentum for this rank's shard (before any push reaches it)."""
-        with self._shard_lock():
+        with self._shard.lock:
             self._shard.momentum_buf[:] = buffer
 
     def stats(self) -> dict[str, object]:
         """What this rank's shard counted (rounds servers report theirs)."""
         return {}
-
-    def _shard_lock(self) -> threading.Condition | threading.Lock:
-        return self._shard.cond
 
     def close(self) -> None:
         """Tell every shard this worker is done, then wait (bounded) until this rank's shard

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from dssync.strategies.allreduce import AllreduceStrategy
 from dssync.strategies.asp import ASPStrategy
 from dssync.strategies.base import Strategy
@@ -43,7 +41,7 @@ def get_strategy(name: str) -> type[Strategy]:
 
 def having(option: str) -> list[str]:
     """The strategies whose ``Config`` has the setting ``option``."""
-    return [name for name, cls in REGISTRY.items() if option in {f.name for f in dataclasses.fields(cls.Config)}]
+    return [name for name, cls in REGISTRY.items() if option in cls.Config.settings()]
 
 
 def probing() -> list[str]:

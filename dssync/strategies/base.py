@@ -66,12 +66,17 @@ class Strategy(ABC):  # noqa: B024 - every hook has a no-op default
         """Per-strategy settings; subclasses extend it (fields of type bool, int, float or str)."""
 
         @classmethod
+        def settings(cls) -> frozenset[str]:
+            """The names of this Config's settings."""
+            return frozenset(f.name for f in dataclasses.fields(cls))
+
+        @classmethod
         def read(cls, pairs: Sequence[str], owner: str = "this strategy") -> dict[str, Any]:
             """``["key=value", ...]`` (``dssync train --set``) as settings of this Config, each
             value read as its field's type (``typing.get_type_hints``; bool: true/false/1/0, float:
             finite); an unknown key or a bad value is a ``ValueError`` naming the choices."""
             types = typing.get_type_hints(cls)
-            names = {f.name for f in dataclasses.fields(cls)}
+            names = cls.settings()
             out: dict[str, Any] = {}
             for pair in pairs:
                 key, sep, text = pair.partition("=")

@@ -100,8 +100,7 @@ class DSSyncStrategy(Strategy):
             nbytes=sum(f.numel() * f.element_size() for f in self._flat), start=False)
         self.shuffle = self.averager.shuffle
         self.reducer = OverlapReducer(self.model, self._flat, self.comm, self.shuffle, bucket_mb=cfg.bucket_mb,
-                                      on_wait=self._waited, after_forward=self._fold_due) if cfg.overlap else None
-        self._fold_pending = False  # overlapped mode: the last iteration's average lands in the next forward
+                                      on_wait=self._waited, landed=self.averager.ensemble.fold) if cfg.overlap else None
 
     @property
     def schedule(self) -> Schedule:
@@ -132,13 +131,6 @@ class DSSyncStrategy(Strategy):
     def _waited(self, seconds: float) -> None:
         self._exposed_s += seconds
 
-    def _fold_due(self) -> None:
-        # Every layer has waited for its average: the parameters are the previous
-        # iteration's averaged ones, which is what after-step mode folds into the ensemble.
-        if self._fold_pending:
-            self.averager.ensemble.fold(self.reducer.step - 1)
-            self._fold_pending = False
-
     def flush(self) -> None:
         """Wait for every layer's allreduce and fold the result into the ensemble (overlapped mode)."""
         if self.reducer is not None:
@@ -164,7 +156,6 @@ class DSSyncStrategy(Strategy):
     def _after_comm(self, step: int) -> None:
         if self.reducer is not None:
             self.reducer.finish(step)
-            self._fold_pending = True
             return
         self.averager.after(step)
 
