@@ -24,6 +24,8 @@ the answers' predictions do says nothing (``NOISE_SHARE``). A rival is taken onl
 round that tells it is clean and lies at least three quarters of the way to
 it (``z >= ADOPT_Z``; of several such, the one the pairs' flows explain best), and the ranks it would move are doubted wherever the measurements
 lean toward it on average (``z > DOUBT_Z``): they stay, but the answer is not confident.
+A rival taken only on flows behind a slow NIC that ran below a prediction moves its ranks,
+unsure (``slowed_at_nic``): another job's share of that NIC changes from one second to the next.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from dssync.topology.replay import (
 )
 
 __all__ = ["ADOPT_Z", "DOUBT_Z", "MAX_RUNS", "RUN_AGAIN", "TELL_RATIO", "TELL_ROUNDS", "Design", "adopt_told", "design",
-           "judge", "nic_floor", "predict", "unsteady"]
+           "judge", "nic_floor", "predict", "slowed_at_nic", "unsteady"]
 
 #: The factor by which a telling flow's predicted rate must differ between answer and rival.
 #: In a round-robin round of eight flows on two busy cores a flow strays by 15-40 % from what
@@ -418,6 +420,26 @@ def unsteady(measured: Sequence[Sequence[np.ndarray | None]], tolerance: float =
     return out
 
 
+def slowed_at_nic(pa: np.ndarray, pr: np.ndarray, m: np.ndarray, behind: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The two predictions (log-rates) of a round's flows with each flow ``behind`` a slow
+    NIC (one of the contention rules' slow NICs at either end) predicted no faster than it
+    ran (``m``): what the rounds say if such a NIC explains any rate below what the pairs
+    read it at. Where that NIC is shared with another job, it does: the job's flows take a
+    share that changes from one second to the next. On the emulated racks, a 3,3 whose rank 2
+    shares its NIC with another job's two flows ran 2->0 at 0.20 Gbit/s in the pairs and
+    0.16 in a telling round, the rate of a rival that put rank 2 on a rack of its own, and the
+    probe wrote that rival, confident (in three probes of that layout, each on a flow of
+    rank 2 or 3 running 1.2-1.4 times below the racks built's prediction). But the rules
+    also call a NIC slow where its rank's flows cross a busy uplink the answer misses, and
+    there a flow far below both predictions is what moves the rank right: re-judged on the
+    recorded sweeps' telling steps, counting no such flow would have kept seven wrong answers
+    that the rounds moved right, and corrected one. So ``judge`` still takes a rival on such
+    flows, but the ranks it moves are unsure (``Verdict.shaky``). A flow faster than a side
+    predicts counts against that side either way: nothing makes a flow faster than its path
+    allows."""
+    return np.where(behind, np.minimum(pa, m), pa), np.where(behind, np.minimum(pr, m), pr)
+
+
 @dataclass
 class Verdict:
     """What the telling rounds' rates said: the rival taken (labels) or None, the ranks they
@@ -433,10 +455,13 @@ class Verdict:
     tied: list[tuple[int, ...]] = field(default_factory=list)
     #: the rivals (indices into the design's) the rounds lean toward on average (``DOUBT_Z``)
     leaning: list[int] = field(default_factory=list)
+    #: the ranks the rival taken moves where only a slow NIC's flows, running below a
+    #: prediction, took it (``slowed_at_nic``): moved, but unsure
+    shaky: set[int] = field(default_factory=set)
 
     def record(self) -> dict[str, Any]:
         return {"taken": None if self.racks is None else list(self.racks), "doubted": sorted(self.doubted),
-                "rivals": self.scores, "tied": [list(labels) for labels in self.tied]}
+                "rivals": self.scores, "tied": [list(labels) for labels in self.tied], "shaky": sorted(self.shaky)}
 
 
 def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
@@ -476,6 +501,8 @@ def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
         floor = max(plan.floor, nic_floor([*history, *best_runs], plan.answer))
         if floor > plan.floor:
             recap = floor
+    slow_ends = set(plan.slow_nics or ())
+    behind_slow = [np.array([s in slow_ends or d in slow_ends for s, d in flows], dtype=bool) for flows in plan.rounds]
     # each flow a telling round ran: a lower bound on every link of its path
     earlier = [([flow], rates[i:i + 1]) for flows, rates in history for i, flow in enumerate(flows)]
     own = {k: [([flow], runs.max(axis=0)[i:i + 1]) for i, flow in enumerate(plan.rounds[k])]
@@ -501,6 +528,7 @@ def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
         caps_a = answer_at(ceiling, top)
         caps_r = _judged_caps(plan, labels, plan.rival_caps[r], observed, recap, top, carried())
         zs: list[float | None] = []
+        sure: list[float | None] = []  # the same with no slow NIC's flow counted below a prediction
         for k, flows in enumerate(plan.rounds):
             if r not in plan.told[k]:
                 continue
@@ -509,20 +537,26 @@ def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
             if not len(runs) or not (runs > 0).all() or not (pa - pr).any():
                 continue
             m, best = np.log(rates_of[k]), np.log(runs.max(axis=0))
+            behind = behind_slow[k]
             if (np.abs(pa - best) < _SELF_FIT).any() or (np.abs(pr - best) < _SELF_FIT).any():
                 # some flow predicted at its own best run: was it the round that raised it there?
                 keep = _not_self_fitted(
                     m, pa, pr, best, log_predict(plan.answer, answer_at(ceiling, top, k), flows),
                     log_predict(labels, _judged_caps(plan, labels, plan.rival_caps[r], observed, recap, top,
                                                      carried(k)), flows))
-                pa, pr, m = pa[keep], pr[keep], m[keep]
+                pa, pr, m, behind = pa[keep], pr[keep], m[keep], behind[keep]
             norm = float(((pa - pr) ** 2).sum())
             if norm == 0 or float(np.abs(pa - pr).max()) < math.log(RUN_AGAIN):
                 continue  # with what the rounds showed, the two predict alike: the round does not tell them
             if spread_of[k] > NOISE_SHARE * float(np.abs(pa - pr).max()):
                 zs.append(None)  # the best two runs disagree by more than the answers do: the round says nothing
+                sure.append(None)
                 continue
             zs.append(float((((m - pa) ** 2) - ((m - pr) ** 2)).sum() / norm))
+            sa, sr = slowed_at_nic(pa, pr, m, behind)
+            gap = float(np.abs(sa - sr).max())
+            sure.append(float((((m - sa) ** 2) - ((m - sr) ** 2)).sum() / float(((sa - sr) ** 2).sum()))
+                        if gap >= math.log(RUN_AGAIN) else None)
         if not zs:
             continue
         scores.append({**what, "z": [None if z is None else round(z, 3) for z in zs]})
@@ -532,7 +566,8 @@ def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
         if len(clean) == len(zs) and min(clean) >= ADOPT_Z and labels not in rejected:  # the best-explained
             off = sum(float(((np.log(rates) - np.log(np.maximum(predict(labels, caps_r, flows), 1e-6))) ** 2).sum())
                       for flows, rates in evidence)
-            alike.append((round(off, 1), len(set(labels)), misfit(labels, observed, memo), labels))
+            firm = all(z is not None and z >= ADOPT_Z for z in sure)
+            alike.append((round(off, 1), len(set(labels)), misfit(labels, observed, memo), labels, firm))
         if float(np.mean(clean)) > DOUBT_Z:
             doubted |= moved_ranks(plan.answer, labels)
             leaning.append(r)
@@ -541,7 +576,8 @@ def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
         lowest = min(key[2] for key in alike)
         best = min((key for key in alike if key[2] <= lowest + ALIKE_MISFIT), key=lambda key: key[1:3])
         return Verdict(racks=best[3], doubted=set(), scores=scores, ran=ran,
-                       tied=sorted({key[3] for key in alike} - {best[3]}))
+                       tied=sorted({key[3] for key in alike} - {best[3]}),
+                       shaky=set() if best[4] else moved_ranks(plan.answer, best[3]))
     return Verdict(racks=None, doubted=doubted, scores=scores, ran=ran, leaning=leaning)
 
 
@@ -578,6 +614,7 @@ WHY = {
     "tied": "the telling rounds explained both alike",
     "unrun": "a round would tell them apart, but the rounds had no room for it",
     "doubted": "the telling rounds leaned toward it",
+    "shaky": "only flows through a NIC that another job may share told them apart",
 }
 
 

@@ -223,6 +223,7 @@ def _tell(comm: Communicator, link: Link, cfg: ProbeConfig, fit: RackFit,
     moved: set[int] = set()
     last: tuple[Any, Any] | None = None  # the last step's design and verdict (rank 0)
     left: list[tuple[int, ...]] = []  # ties of the answer that no later round told (rank 0)
+    shaken: list[tuple[int, ...]] = []  # answers left on a slow NIC's flows alone (rank 0)
     for step_no in range(TELL_STEPS):
         # blind ranks too: their flows are slow, but they still take their share of an uplink;
         # not a rank behind another job's queue at its NIC, whose rates are that job's to set
@@ -265,6 +266,9 @@ def _tell(comm: Communicator, link: Link, cfg: ProbeConfig, fit: RackFit,
             if verdict.racks is not None:
                 rejected.append(plan.answer)
                 moved = adopt_told(fit, verdict.racks, reassess)
+                if verdict.shaky & moved:  # taken on a slow NIC's flows alone: unsure, the answer left stands
+                    fit.unexplained |= verdict.shaky & moved
+                    shaken.append(plan.answer)
                 left = [] if moved else left  # an earlier answer's ties are not this one's
                 judged = [] if moved else judged + told  # a new answer has rivals of its own
                 tied = verdict.tied if moved else []  # the next step tells them from it first
@@ -287,10 +291,11 @@ def _tell(comm: Communicator, link: Link, cfg: ProbeConfig, fit: RackFit,
         if step["taken"] is None and not step["unrun"]:
             break  # kept against every rival a round could tell (a next step tells those that found no room)
     fit.unexplained |= moved  # the last step moved them and no round confirmed it
-    standing, left = comm.allgather_object((alternatives(*last) if last is not None else [], left))[0]  # rank 0's
+    standing, left, shaken = comm.allgather_object((alternatives(*last) if last is not None else [], left,
+                                                    shaken))[0]  # rank 0's
     for labels in left:  # nothing measured told these ranks' racks: unsure, and the tie stands beside the answer
         fit.unexplained |= moved_ranks(fit.racks(), labels)
-    return steps, [*((labels, "tied") for labels in left), *standing]
+    return steps, [*((labels, "tied") for labels in left), *standing, *((labels, "shaky") for labels in shaken)]
 
 
 def _aggregates(phases: list[dict[str, Any]], racks: list[int]) -> list[float] | None:

@@ -41,15 +41,16 @@ from dssync.topology.telling import (
 def tell(layout: Layout, racks: list[int], seed: int, slowdown: float = 0.3,
          movable: list[int] | None = None, steps: int = 3,
          max_rounds: int = TELL_ROUNDS, floors: bool = True, passes: list | None = None,
-         scale: float = 1.0, carry: bool = True) -> tuple[list[int], set[int], list]:
+         scale: float = 1.0, carry: bool = True, rounds_on: Layout | None = None) -> tuple[list[int], set[int], list]:
     """The probe's design-run-judge steps (``dssync.probing.probe._tell``), each round's
     flows rated by the bench's model and slowed by up to ``slowdown``, the rounds whose best
     two runs disagree run again, no flow out of an uplink the pairs flag: the racks they end
     at, the ranks they doubt, and each step's verdict. ``floors=False`` predicts each NIC at
     the most it was seen to carry; ``passes`` (``(rounds, bandwidth_gbps)`` each) replace the
     model's pairs phase, and the model's rates are scaled by ``scale``. ``carry=False``: a
-    step does not tell the last verdict's ``tied`` rivals first."""
-    net = true_network(layout)
+    step does not tell the last verdict's ``tied`` rivals first. ``rounds_on``: the network
+    the telling rounds run on, where it changed since the pairs (another job took more of a NIC)."""
+    net = true_network(rounds_on or layout)
     n = len(racks)
     movable = list(range(n)) if movable is None else movable
     passes = measured(layout, seed) if passes is None else passes
@@ -200,6 +201,60 @@ def test_the_rounds_never_move_the_racks_that_were_built(sizes, slow_uplink, slo
     assume(not mispredicted(layout, seed))
     racks, _, _ = tell(layout, list(layout.racks), seed, slowdown=0.15)
     assert right(layout, racks), (layout, racks)
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(1, 4), min_size=2, max_size=4).filter(lambda s: 4 <= sum(s) <= 9),
+       slow_uplink=st.integers(-1, 3), slow_nic=st.integers(0, 8), share=st.floats(0.6, 0.9),
+       seed=st.integers(0, 2**16))
+def test_a_nic_another_job_takes_more_of_in_the_rounds_moves_no_rack_for_sure(sizes, slow_uplink, slow_nic, share, seed):
+    """A NIC shared with another job: the pairs read it at 200 Mbit/s, and while the telling
+    rounds run the other job takes more of it (the rank's flows get ``share`` of what they got
+    in the pairs). From the true racks, the steps end at the same network, or every rank
+    they moved away from it is unsure: a flow behind a slow NIC running slower than predicted
+    is no firm sign against the racks (``telling.slowed_at_nic``). The networks the capacities read off the pairs mispredict are
+    left to the known failures, as in ``test_the_rounds_never_move_the_racks_that_were_built``."""
+    n = sum(sizes)
+    assume(slow_nic < n)
+    uplinks = {slow_uplink: "400mbit"} if 0 <= slow_uplink < len(sizes) else {}
+    layout = Layout(tuple(sizes), slow_uplinks=uplinks, slow_nics={slow_nic: "200mbit"})
+    assume(not mispredicted(layout, seed))
+    busier = Layout(tuple(sizes), slow_uplinks=uplinks, slow_nics={slow_nic: f"{round(200 * share)}mbit"})
+    racks, _, verdicts = tell(layout, list(layout.racks), seed, slowdown=0.05, rounds_on=busier)
+    unsure = set().union(*(v.shaky for v in verdicts))
+    assert right(layout, racks) or moved(layout.racks, racks) <= unsure, (layout, share, racks, unsure)
+
+
+SLOWED = json.loads((Path(__file__).parent / "data" / "emulated_probes.json").read_text())["slowed_nic_steps"]
+
+
+@pytest.mark.parametrize("case", SLOWED, ids=[f"probe{k}" for k in range(len(SLOWED))])
+def test_a_recorded_round_slowed_at_a_shared_nic_moves_no_rank_for_sure(case):
+    # Recorded (emulated_probes.json "slowed_nic_steps"): a flow out of a NIC another job
+    # shares ran below the rate the pairs read that NIC at, and the step took its rank on a
+    # rack of its own, confident. The rival still wins, but the rank it moves is unsure.
+    layout = Layout.from_spec(case["spec"])
+    passes = [([[tuple(f) for f in flows] for flows in rnd["rounds"]], np.array(rnd["gbps"])) for rnd in case["pair_rates"]]
+    observed = concurrent_flows(passes)
+    step = case["step"]
+    assert step["racks"] == layout.racks and step["taken"] is not None  # what the probe did
+    queued = queued_ranks(np.array(case["latency_us"]))
+    flags = classify_contention(np.array(case["bandwidth_gbps"]), step["racks"], queued=queued)
+    plan = design(step["racks"], observed, sorted(set(range(len(step["racks"]))) - set(queued)),
+                  avoid=[[i for i, r in enumerate(step["racks"]) if r == u["rack"]] for u in flags["uplinks"]],
+                  slow_nics=sorted({*(u["rank"] for u in flags["nics"]), *queued}))
+    assert plan.rounds == [[tuple(f) for f in flows] for flows in step["rounds"]]
+    verdict = judge(plan, observed, [[None if r is None else np.array(r) for r in run] for run in step["gbps"]])
+    assert verdict.racks is None or moved(layout.racks, verdict.racks) <= verdict.shaky, verdict.record()
+
+
+def test_a_flow_behind_a_slow_nic_counts_only_where_it_ran_faster_than_a_side_predicts():
+    pa, pr = np.log([0.20, 0.50, 0.20]), np.log([0.16, 0.50, 0.25])
+    m = np.log([0.16, 0.40, 0.22])
+    a, r = telling.slowed_at_nic(pa, pr, m, np.array([True, False, True]))
+    assert np.allclose(np.exp(a), [0.16, 0.50, 0.20])  # slower than the answer's: no sign against it
+    assert np.allclose(np.exp(r), [0.16, 0.50, 0.22])  # faster than the answer's 0.20: still against it
+    assert np.allclose(np.exp(telling.slowed_at_nic(pa, pr, m, np.zeros(3, dtype=bool))[0]), np.exp(pa))
 
 
 def test_a_blind_rank_the_rounds_put_with_clear_ranks_is_placed_in_their_group():
