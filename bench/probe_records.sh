@@ -28,7 +28,7 @@ record() {  # NAME ARGS...: the record NAME.json and its console output NAME.txt
 }
 for s in ${SEEDS:-0 1 2 16w}; do
     if [[ $s == 2q ]]; then
-        record probe-layouts-v24-seed2-quarter --count 20 --seed 2 --rate-scale 0.25
+        record probe-layouts-v25-seed2-quarter --count 20 --seed 2 --rate-scale 0.25
     elif [[ $s == 8w ]]; then
         for b in 0.25 0.1; do
             record "probe-tune-seed3-8w-bandwidth-seconds-$b" --count 20 --seed 3 --min-workers 8 \
@@ -39,9 +39,9 @@ for s in ${SEEDS:-0 1 2 16w}; do
             record "probe-tune-seed4-bandwidth-seconds-$b" --count 20 --seed 4 --probe-args "--bandwidth-seconds $b"
         done
     elif [[ $s == 16w ]]; then
-        record probe-layouts-v24-16w --count 5 --seed 16 --min-workers 16 --max-workers 16
+        record probe-layouts-v25-16w --count 5 --seed 16 --min-workers 16 --max-workers 16
     else
-        record "probe-layouts-v24-seed$s" --count 20 --seed "$s"
+        record "probe-layouts-v25-seed$s" --count 20 --seed "$s"
     fi
 done
 exit $failed
