@@ -46,13 +46,21 @@ import numpy as np
 
 from dssync.bench.links import Network, background_streams, host_time, per_flow_times, step_time
 from dssync.planning.planner import plan
+from dssync.strategies import get_strategy, simulated
 from dssync.strategies.gossip import gossip_peers
 from dssync.topology import Topology
 
-__all__ = ["STRATEGIES", "Network", "iteration_times", "rank_times", "ring_round", "simulate", "table_ii",
+__all__ = ["EXCHANGES", "STRATEGIES", "Network", "iteration_times", "rank_times", "ring_round", "simulate", "table_ii",
            "with_contention"]
 
-STRATEGIES = ("ddp", "allreduce", "hierarchical", "torch-hier", "diloco", "gossip", "asp", "ds-sync")
+#: The exchanges the cost model knows (``Strategy.exchange``): DDP's gradient buckets one after
+#: another; one ring allreduce of the world; reduce in each rack, ring among the racks'
+#: leaders, broadcast back; the world and the racks in turn (torch's hierarchical averager);
+#: one world allreduce every H iterations; gossip to ``i + 2^k``; every worker to and from
+#: every server shard; the planner's disjoint groups, all at once.
+EXCHANGES = ("buckets", "world-ring", "hierarchical", "periodic-racks", "outer-step", "gossip", "parameter-server",
+             "planned-groups")
+STRATEGIES = simulated()
 
 
 def _ring_groups(net: Network, groups: Sequence[Sequence[int]], size_bytes: float) -> np.ndarray:
@@ -142,9 +150,17 @@ def rank_times(net: Network, strategy: str, size_bytes: float, iterations: int) 
     Each strategy's settings are its defaults (``dssync train --strategy NAME``): ddp's
     buckets, torch-hier's periods, diloco's inner steps.
     """
-    if strategy == "gossip":
+    if _exchange(strategy) == "gossip":
         return _clocked(_gossip_rounds(net, size_bytes), iterations, net.world_size, _gossip_finish)
     return _clocked(_group_rounds(net, strategy, size_bytes), iterations, net.world_size, _group_finish)
+
+
+def _exchange(strategy: str) -> str:
+    """The exchange (``EXCHANGES``) the cost model runs for ``strategy``."""
+    exchange = get_strategy(strategy).exchange if strategy in STRATEGIES else None
+    if exchange not in EXCHANGES:
+        raise ValueError(f"unknown strategy {strategy!r} for the simulator; choose from {', '.join(STRATEGIES)}")
+    return exchange
 
 
 def _as_round(groups: Sequence[Sequence[int]], durations: Sequence[float] | np.ndarray) -> tuple:
@@ -159,36 +175,37 @@ def _group_rounds(net: Network, strategy: str, size_bytes: float) -> list[Any]:
     for an iteration without communication."""
     from dssync.strategies import DiLoCoStrategy, TorchHierStrategy
 
+    exchange = _exchange(strategy)
     n = net.world_size
     world = [list(range(n))]  # ranks are numbered rack by rack: the ring crosses each rack boundary once
     racks = [list(r) for r in net.topology().racks()]
-    if strategy == "allreduce":
+    if exchange == "world-ring":
         return [_as_round(world, [ring_round(net, world, size_bytes)])]
-    if strategy == "ddp":  # DDP's buckets, each its own allreduce, one after the other
+    if exchange == "buckets":  # DDP's buckets, each its own allreduce, one after the other
         return [_as_round(world, [sum(ring_round(net, world, b) for b in _buckets(size_bytes))])]
-    if strategy == "hierarchical":
+    if exchange == "hierarchical":
         leaders = [r[0] for r in racks]
         seconds = _reduce_time(net, racks, size_bytes) + ring_round(net, [leaders], size_bytes) \
             + _broadcast_time(net, racks, size_bytes)
         return [_as_round(world, [seconds])]
-    if strategy == "torch-hier":  # torch's averager: the largest period dividing its step counter (from 0)
+    if exchange == "periodic-racks":  # torch's averager: the largest period dividing its step counter (from 0)
         cfg = TorchHierStrategy.Config()
         everyone = _as_round(world, [ring_round(net, world, size_bytes)])
         by_rack = _as_round(racks, _ring_groups(net, racks, size_bytes))
         return [everyone if t % cfg.world_period == 0 else by_rack if t % cfg.rack_period == 0 else None
                 for t in range(cfg.world_period)]
-    if strategy == "diloco":  # the outer step's allreduce after every H inner steps
+    if exchange == "outer-step":  # the outer step's allreduce after every H inner steps
         h = DiLoCoStrategy.Config().inner_steps
         return [None] * (h - 1) + [_as_round(world, [ring_round(net, world, size_bytes)])]
-    if strategy == "asp":  # every worker pushes to and pulls from every shard; nobody waits
+    if exchange == "parameter-server":  # every worker pushes to and pulls from every shard; nobody waits
         return [_as_round([[r] for r in range(n)], np.full(n, 2 * _all_to_all_time(net, size_bytes)))]
-    if strategy == "ds-sync":
+    if exchange == "planned-groups":
         out = []
         for partition in plan(with_contention(net)).period:
             groups = [list(g) for g in partition]
             out.append(_as_round(groups, _ring_groups(net, groups, size_bytes)))
         return out
-    raise ValueError(f"unknown strategy {strategy!r} for the simulator; choose from {', '.join(STRATEGIES)}")
+    raise ValueError(f"the simulator has no rounds for {exchange!r} ({strategy!r}): gossip runs in _gossip_rounds")
 
 
 def _buckets(size_bytes: float) -> list[float]:
@@ -354,5 +371,5 @@ def table_ii(*, workers: int, racks: int, size_bytes: float, alpha_s: float, bet
         "ring": 2 * (n - 1) * lat + 2 * (n - 1) * s * beta2_s / n,
         "hierarchical": 2 * (g + c - 2) * lat + 2 * (g - 1) * s * beta1_s / g + 2 * (c - 1) * s * beta2_s / c,
         "gossip": 2 * lat + 4 * s * beta2_s,
-        "ds-sync": max(2 * lat + 2 * s * beta2_s, 2 * (g - 1) * lat + 2 * (g - 2) * s * beta1_s / max(g - 1, 1)),
+        "DS-Sync": max(2 * lat + 2 * s * beta2_s, 2 * (g - 1) * lat + 2 * (g - 2) * s * beta1_s / max(g - 1, 1)),
     }

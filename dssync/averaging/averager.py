@@ -51,12 +51,10 @@ def default_topology(comm: Communicator, *, num_racks: int = 2, timeout_s: float
     """The topology to plan for when none is given: probed (``dssync probe``'s measurement)
     when the ranks run on more than one host, else ``num_racks`` even logical racks, as
     ``dssync train`` assumes (on one host a probe would measure the CPU)."""
-    from dssync.probing.probe import ProbeConfig, host_name, probe_rank
+    from dssync.probing.probe import probe_across_hosts
 
-    if len(set(comm.allgather_object(host_name()))) < 2:
-        return Topology.even(comm.world_size, min(num_racks, comm.world_size))
-    result = probe_rank(comm, ProbeConfig(timeout_s=timeout_s))
-    return result.to_topology({"backend": "builtin", "rounds": result.rounds})
+    return (probe_across_hosts(comm, timeout_s=timeout_s)
+            or Topology.even(comm.world_size, min(num_racks, comm.world_size)))
 
 
 class DSSyncAverager(ModelAverager):

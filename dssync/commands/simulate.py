@@ -15,6 +15,7 @@ from dssync.commands._common import (
     rack_sizes_from_args,
     unit_interval,
 )
+from dssync.strategies import simulated
 
 __all__ = ["add_parser", "run"]
 
@@ -37,7 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--contended-uplinks", type=unit_interval, default=0.0, metavar="F",
                    help="besides --scenario: this fraction of the racks (spread evenly) has 8 background TCP "
                    "streams out of its uplink")
-    p.add_argument("--strategies", default="ddp,allreduce,hierarchical,torch-hier,diloco,gossip,asp,ds-sync")
+    p.add_argument("--strategies", default=",".join(simulated()))
     p.add_argument("--nic", default="1gbit")
     p.add_argument("--uplink", default="1gbit")
     p.add_argument("--alpha-us", type=non_negative_float, default=50.0, help="seconds per hop, in microseconds")

@@ -69,6 +69,7 @@ __all__ = [
     "ProbeResult",
     "best_paths",
     "host_name",
+    "probe_across_hosts",
     "probe_rank",
     "settle_racks",
 ]
@@ -490,3 +491,18 @@ def probe_rank(comm: Communicator, cfg: ProbeConfig, backend: str = "builtin",
         confidence.update(prior_record)
     return ProbeResult(hosts=hosts, latency_us=latency_us, bandwidth_gbps=bandwidth_gbps, racks=racks,
                        contention=contention, rounds=len(rounds), started_at=started_at, confidence=confidence)
+
+
+def probe_across_hosts(comm: Communicator, *, timeout_s: float, prior: RackPrior | None = None,
+                       library: str | None = None) -> Topology | None:
+    """``dssync probe``'s measurement over ``comm`` (collective) as a ``Topology``, when its
+    ranks run on more than one host; None on one host, where a probe would measure the CPU.
+    ``prior``: racks the user knows (``--racks-from``); ``library``: the collective library
+    the job runs on, recorded in the topology's probe metadata."""
+    if len(set(comm.allgather_object(host_name()))) < 2:
+        return None
+    result = probe_rank(comm, ProbeConfig(timeout_s=timeout_s), prior=prior)
+    meta: dict[str, Any] = {"backend": "builtin"}
+    if library is not None:
+        meta["library"] = library
+    return result.to_topology({**meta, "rounds": result.rounds})

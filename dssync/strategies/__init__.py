@@ -20,7 +20,8 @@ from dssync.strategies.torch_hier import TorchHierStrategy
 __all__ = [
     "REGISTRY", "ASPStrategy", "AllreduceStrategy", "DDPStrategy", "DSSyncStrategy", "DiLoCoStrategy",
     "GossipStrategy", "HierarchicalStrategy", "LocalSGDStrategy", "PSPStrategy", "SSPStrategy",
-    "SpecSyncStrategy", "SyncSwitchStrategy", "TorchHierStrategy", "get_strategy", "having", "probing",
+    "SpecSyncStrategy", "SyncSwitchStrategy", "TorchHierStrategy", "compared_by_default", "get_strategy", "having",
+    "probing", "simulated",
 ]
 
 REGISTRY: dict[str, type[Strategy]] = {
@@ -28,6 +29,13 @@ REGISTRY: dict[str, type[Strategy]] = {
                               TorchHierStrategy, DiLoCoStrategy, GossipStrategy, LocalSGDStrategy,
                               ASPStrategy, SSPStrategy, PSPStrategy, SyncSwitchStrategy, SpecSyncStrategy)
 }
+
+
+#: The order benchmark tables list strategies in: the plain data-parallel baselines, the
+#: protocols that relax them, DS-Sync last.
+TABLE_ORDER: tuple[type[Strategy], ...] = (
+    DDPStrategy, AllreduceStrategy, HierarchicalStrategy, TorchHierStrategy, DiLoCoStrategy, LocalSGDStrategy,
+    GossipStrategy, ASPStrategy, SSPStrategy, PSPStrategy, SyncSwitchStrategy, SpecSyncStrategy, DSSyncStrategy)
 
 
 def get_strategy(name: str) -> type[Strategy]:
@@ -47,3 +55,13 @@ def having(option: str) -> list[str]:
 def probing() -> list[str]:
     """The strategies that plan around the measured network (``Strategy.probes``)."""
     return [name for name, cls in REGISTRY.items() if cls.probes]
+
+
+def simulated() -> tuple[str, ...]:
+    """The strategies ``dssync simulate`` has a cost model of (``Strategy.exchange``), in table order."""
+    return tuple(cls.name for cls in TABLE_ORDER if cls.exchange is not None)
+
+
+def compared_by_default() -> tuple[str, ...]:
+    """The strategies ``dssync bench compare`` runs when none are named (``Strategy.compared``), in table order."""
+    return tuple(cls.name for cls in TABLE_ORDER if cls.compared)

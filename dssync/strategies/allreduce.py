@@ -47,6 +47,7 @@ class GradientBuffer:
 
 class AllreduceStrategy(Strategy):
     name = "allreduce"
+    exchange = "world-ring"
     devices = ("cpu", "cuda")
     resumable = True  # nothing carried between iterations beyond the model and optimizer
 

@@ -29,6 +29,7 @@ __all__ = ["ASPStrategy"]
 
 class ASPStrategy(Strategy):
     name = "asp"
+    exchange = "parameter-server"
     staleness: int | None = None
     settled_snapshots: ClassVar[bool] = False
     """Evaluate mid-run on the settled model (collective) rather than on a pull by rank 0."""

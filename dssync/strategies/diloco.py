@@ -34,6 +34,7 @@ __all__ = ["DiLoCoStrategy"]
 
 class DiLoCoStrategy(Strategy):
     name = "diloco"
+    exchange = "outer-step"
     devices = ("cpu", "cuda")
 
     @dataclass(frozen=True, kw_only=True)

@@ -35,6 +35,7 @@ __all__ = ["DSSyncStrategy"]
 
 class DSSyncStrategy(Strategy):
     name = "ds-sync"
+    exchange = "planned-groups"
     devices = ("cpu", "cuda")
     probes = True
     resumable = True

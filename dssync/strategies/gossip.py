@@ -40,6 +40,7 @@ def gossip_peers(rank: int, world_size: int, step: int) -> tuple[int, int] | Non
 
 class GossipStrategy(Strategy):
     name = "gossip"
+    exchange = "gossip"
     devices = ("cpu", "cuda")
 
     @dataclass(frozen=True, kw_only=True)

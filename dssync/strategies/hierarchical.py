@@ -20,6 +20,7 @@ __all__ = ["HierarchicalStrategy"]
 
 class HierarchicalStrategy(Strategy):
     name = "hierarchical"
+    exchange = "hierarchical"
     devices = ("cpu", "cuda")
 
     def __init__(self, ctx: StrategyContext, config: Strategy.Config | None = None) -> None:

@@ -17,6 +17,8 @@ __all__ = ["SSPStrategy"]
 
 class SSPStrategy(ASPStrategy):
     name = "ssp"
+    exchange = None  # the simulator models ASP's exchange only
+    compared = False
 
     @dataclass(frozen=True, kw_only=True)
     class Config(ASPStrategy.Config):

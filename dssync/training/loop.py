@@ -24,7 +24,7 @@ from dssync.errors import BackendUnavailableError, DssyncError, ScheduleError, T
 from dssync.launch import from_environ, run_ranks
 from dssync.launch.spawn import BACKENDS
 from dssync.planning.schedule import Schedule
-from dssync.probing.probe import ProbeConfig, host_name, probe_rank
+from dssync.probing.probe import probe_across_hosts
 from dssync.strategies import REGISTRY, get_strategy
 from dssync.strategies.base import Strategy, StrategyContext
 from dssync.topology import Topology
@@ -420,11 +420,8 @@ def _probed(comm: Communicator, cfg: TrainConfig) -> Topology | None:
     ranks are on more than one host; ``None`` otherwise."""
     if not cfg.probe_first or not get_strategy(cfg.strategy).probes:
         return None
-    if len(set(comm.allgather_object(host_name()))) < 2:
-        return None
-    result = probe_rank(comm, ProbeConfig(timeout_s=cfg.timeout_s),  # over this job's own library
-                        prior=parse_racks_from(cfg.racks_from) if cfg.racks_from else None)
-    return result.to_topology({"backend": "builtin", "library": cfg.backend, "rounds": result.rounds})
+    return probe_across_hosts(comm, timeout_s=cfg.timeout_s, library=cfg.backend,  # over this job's own library
+                              prior=parse_racks_from(cfg.racks_from) if cfg.racks_from else None)
 
 
 def _progress(cfg: TrainConfig, world_size: int) -> tuple[Any, Any]:

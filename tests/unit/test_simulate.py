@@ -63,6 +63,18 @@ def test_unknown_strategy_is_named():
         iteration_times(Network((2, 2)), "nope", S, 1)
 
 
+def test_the_simulator_runs_each_strategy_by_the_exchange_it_declares_and_names_the_ones_it_cannot():
+    from dssync.bench.simulate import EXCHANGES, STRATEGIES
+    from dssync.strategies import REGISTRY
+
+    declared = {name: cls.exchange for name, cls in REGISTRY.items() if cls.exchange is not None}
+    assert set(STRATEGIES) == set(declared)
+    assert sorted(declared.values()) == sorted(EXCHANGES)  # one strategy per exchange, each modelled
+    for name in sorted(set(REGISTRY) - set(STRATEGIES)):
+        with pytest.raises(ValueError, match=f"unknown strategy '{name}' for the simulator; choose from ddp,"):
+            rank_times(Network((2, 2)), name, S, 2)
+
+
 def test_the_simulator_models_each_emulated_scenario_with_its_background_streams():
     from dssync.bench.simcheck import markdown_table, network_of
     from dssync.launch.emulate import FLOW_STREAMS

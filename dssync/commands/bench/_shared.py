@@ -7,9 +7,10 @@ import argparse
 from collections.abc import Callable
 
 from dssync._jsonfile import check_writable, write_json
+from dssync.strategies import compared_by_default
 
 #: The comparison of time to accuracy: what users run today and every rival, beside ds-sync.
-COMPARE_STRATEGIES = "ddp,allreduce,hierarchical,torch-hier,diloco,local-sgd,gossip,asp,ds-sync"
+COMPARE_STRATEGIES = ",".join(compared_by_default())
 
 __all__ = ["COMPARE_STRATEGIES"]
 
