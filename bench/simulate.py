@@ -150,17 +150,12 @@ def rank_times(net: Network, strategy: str, size_bytes: float, iterations: int) 
     Each strategy's settings are its defaults (``dssync train --strategy NAME``): ddp's
     buckets, torch-hier's periods, diloco's inner steps.
     """
-    if _exchange(strategy) == "gossip":
-        return _clocked(_gossip_rounds(net, size_bytes), iterations, net.world_size, _gossip_finish)
-    return _clocked(_group_rounds(net, strategy, size_bytes), iterations, net.world_size, _group_finish)
-
-
-def _exchange(strategy: str) -> str:
-    """The exchange (``EXCHANGES``) the cost model runs for ``strategy``."""
-    exchange = get_strategy(strategy).exchange if strategy in STRATEGIES else None
-    if exchange not in EXCHANGES:
+    if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r} for the simulator; choose from {', '.join(STRATEGIES)}")
-    return exchange
+    exchange = get_strategy(strategy).exchange
+    if exchange == "gossip":
+        return _clocked(_gossip_rounds(net, size_bytes), iterations, net.world_size, _gossip_finish)
+    return _clocked(_group_rounds(net, exchange, size_bytes), iterations, net.world_size, _group_finish)
 
 
 def _as_round(groups: Sequence[Sequence[int]], durations: Sequence[float] | np.ndarray) -> tuple:
@@ -170,12 +165,11 @@ def _as_round(groups: Sequence[Sequence[int]], durations: Sequence[float] | np.n
     return members, offsets, np.repeat(np.asarray(durations, dtype=float), [len(g) for g in groups])
 
 
-def _group_rounds(net: Network, strategy: str, size_bytes: float) -> list[Any]:
-    """One entry per iteration of the strategy's cycle: a ``_group_finish`` round, or ``None``
-    for an iteration without communication."""
+def _group_rounds(net: Network, exchange: str, size_bytes: float) -> list[Any]:
+    """One entry per iteration of the cycle of ``exchange`` (``EXCHANGES``, at its strategy's
+    defaults): a ``_group_finish`` round, or ``None`` for an iteration without communication."""
     from dssync.strategies import DiLoCoStrategy, TorchHierStrategy
 
-    exchange = _exchange(strategy)
     n = net.world_size
     world = [list(range(n))]  # ranks are numbered rack by rack: the ring crosses each rack boundary once
     racks = [list(r) for r in net.topology().racks()]
@@ -205,7 +199,7 @@ def _group_rounds(net: Network, strategy: str, size_bytes: float) -> list[Any]:
             groups = [list(g) for g in partition]
             out.append(_as_round(groups, _ring_groups(net, groups, size_bytes)))
         return out
-    raise ValueError(f"the simulator has no rounds for {exchange!r} ({strategy!r}): gossip runs in _gossip_rounds")
+    raise ValueError(f"the simulator has no rounds for exchange {exchange!r} (gossip runs in _gossip_rounds)")
 
 
 def _buckets(size_bytes: float) -> list[float]:

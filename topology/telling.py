@@ -440,6 +440,15 @@ def slowed_at_nic(pa: np.ndarray, pr: np.ndarray, m: np.ndarray, behind: np.ndar
     return np.where(behind, np.minimum(pa, m), pa), np.where(behind, np.minimum(pr, m), pr)
 
 
+def _z(m: np.ndarray, pa: np.ndarray, pr: np.ndarray) -> float | None:
+    """Where the measured log-rates ``m`` lie between the answer's predictions ``pa`` (-1)
+    and the rival's ``pr`` (+1); None where the two predict every flow within ``RUN_AGAIN``
+    of each other (the round does not tell them)."""
+    if not len(pa) or float(np.abs(pa - pr).max()) < math.log(RUN_AGAIN):
+        return None
+    return float((((m - pa) ** 2) - ((m - pr) ** 2)).sum() / ((pa - pr) ** 2).sum())
+
+
 @dataclass
 class Verdict:
     """What the telling rounds' rates said: the rival taken (labels) or None, the ranks they
@@ -545,18 +554,15 @@ def judge(plan: Design, observed: Sequence[tuple[list[Flow], np.ndarray]],
                     log_predict(labels, _judged_caps(plan, labels, plan.rival_caps[r], observed, recap, top,
                                                      carried(k)), flows))
                 pa, pr, m, behind = pa[keep], pr[keep], m[keep], behind[keep]
-            norm = float(((pa - pr) ** 2).sum())
-            if norm == 0 or float(np.abs(pa - pr).max()) < math.log(RUN_AGAIN):
+            z = _z(m, pa, pr)
+            if z is None:
                 continue  # with what the rounds showed, the two predict alike: the round does not tell them
             if spread_of[k] > NOISE_SHARE * float(np.abs(pa - pr).max()):
                 zs.append(None)  # the best two runs disagree by more than the answers do: the round says nothing
                 sure.append(None)
                 continue
-            zs.append(float((((m - pa) ** 2) - ((m - pr) ** 2)).sum() / norm))
-            sa, sr = slowed_at_nic(pa, pr, m, behind)
-            gap = float(np.abs(sa - sr).max())
-            sure.append(float((((m - sa) ** 2) - ((m - sr) ** 2)).sum() / float(((sa - sr) ** 2).sum()))
-                        if gap >= math.log(RUN_AGAIN) else None)
+            zs.append(z)
+            sure.append(_z(m, *slowed_at_nic(pa, pr, m, behind)))
         if not zs:
             continue
         scores.append({**what, "z": [None if z is None else round(z, 3) for z in zs]})

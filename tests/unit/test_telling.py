@@ -225,6 +225,23 @@ def test_a_nic_another_job_takes_more_of_in_the_rounds_moves_no_rack_for_sure(si
     assert right(layout, racks) or moved(layout.racks, racks) <= unsure, (layout, share, racks, unsure)
 
 
+def replayed_step(case: dict) -> tuple[Layout, telling.Design, telling.Verdict]:
+    """A recorded telling step (``emulated_probes.json``: its layout, the pairs' rates, the
+    step's rounds and their rates) designed again as the probe designs it, checked to give the
+    rounds the probe ran, and judged on their recorded rates: the layout, the design, the verdict."""
+    passes = [([[tuple(f) for f in flows] for flows in rnd["rounds"]], np.array(rnd["gbps"])) for rnd in case["pair_rates"]]
+    observed = concurrent_flows(passes)
+    step = case["step"]
+    queued = queued_ranks(np.array(case["latency_us"]))
+    flags = classify_contention(np.array(case["bandwidth_gbps"]), step["racks"], queued=queued)
+    plan = design(step["racks"], observed, sorted(set(range(len(step["racks"]))) - set(queued)),
+                  avoid=[[i for i, r in enumerate(step["racks"]) if r == u["rack"]] for u in flags["uplinks"]],
+                  slow_nics=sorted({*(u["rank"] for u in flags["nics"]), *queued}))
+    assert plan.rounds == [[tuple(f) for f in flows] for flows in step["rounds"]]
+    verdict = judge(plan, observed, [[None if r is None else np.array(r) for r in run] for run in step["gbps"]])
+    return Layout.from_spec(case["spec"]), plan, verdict
+
+
 SLOWED = json.loads((Path(__file__).parent / "data" / "emulated_probes.json").read_text())["slowed_nic_steps"]
 
 
@@ -233,18 +250,8 @@ def test_a_recorded_round_slowed_at_a_shared_nic_moves_no_rank_for_sure(case):
     # Recorded (emulated_probes.json "slowed_nic_steps"): a flow out of a NIC another job
     # shares ran below the rate the pairs read that NIC at, and the step took its rank on a
     # rack of its own, confident. The rival still wins, but the rank it moves is unsure.
-    layout = Layout.from_spec(case["spec"])
-    passes = [([[tuple(f) for f in flows] for flows in rnd["rounds"]], np.array(rnd["gbps"])) for rnd in case["pair_rates"]]
-    observed = concurrent_flows(passes)
-    step = case["step"]
-    assert step["racks"] == layout.racks and step["taken"] is not None  # what the probe did
-    queued = queued_ranks(np.array(case["latency_us"]))
-    flags = classify_contention(np.array(case["bandwidth_gbps"]), step["racks"], queued=queued)
-    plan = design(step["racks"], observed, sorted(set(range(len(step["racks"]))) - set(queued)),
-                  avoid=[[i for i, r in enumerate(step["racks"]) if r == u["rack"]] for u in flags["uplinks"]],
-                  slow_nics=sorted({*(u["rank"] for u in flags["nics"]), *queued}))
-    assert plan.rounds == [[tuple(f) for f in flows] for flows in step["rounds"]]
-    verdict = judge(plan, observed, [[None if r is None else np.array(r) for r in run] for run in step["gbps"]])
+    assert case["step"]["racks"] == Layout.from_spec(case["spec"]).racks and case["step"]["taken"] is not None
+    layout, _, verdict = replayed_step(case)
     assert verdict.racks is None or moved(layout.racks, verdict.racks) <= verdict.shaky, verdict.record()
 
 
@@ -649,17 +656,7 @@ def test_a_recorded_probe_names_the_racks_built_among_what_it_could_not_tell():
     # crosses that uplink; the probe wrote them on racks of their own, unsure, and says the
     # racks that were built may be the answer (and nothing else).
     case = json.loads((Path(__file__).parent / "data" / "emulated_probes.json").read_text())["standing_step"]
-    layout = Layout.from_spec(case["spec"])
-    passes = [([[tuple(f) for f in flows] for flows in rnd["rounds"]], np.array(rnd["gbps"])) for rnd in case["pair_rates"]]
-    observed = concurrent_flows(passes)
-    step = case["step"]
-    queued = queued_ranks(np.array(case["latency_us"]))
-    flags = classify_contention(np.array(case["bandwidth_gbps"]), step["racks"], queued=queued)
-    plan = design(step["racks"], observed, sorted(set(range(len(step["racks"]))) - set(queued)),
-                  avoid=[[i for i, r in enumerate(step["racks"]) if r == u["rack"]] for u in flags["uplinks"]],
-                  slow_nics=sorted({*(u["rank"] for u in flags["nics"]), *queued}))
-    assert plan.rounds == [[tuple(f) for f in flows] for flows in step["rounds"]]
-    verdict = judge(plan, observed, [[None if r is None else np.array(r) for r in run] for run in step["gbps"]])
+    layout, plan, verdict = replayed_step(case)
     standing = alternatives(plan, verdict)
     assert tuple(layout.racks) in [labels for labels, _ in standing]
     said = standing_answers(case["racks"], standing, case["unsure"])
