@@ -6,23 +6,23 @@ from __future__ import annotations
 # The concerns, one submodule each (state at the bottom; shaping and contention on it;
 # episodes, build and jobs on those), and every name of the single module they were
 # split from that callers and tests use: its __all__, its public constants, and
-# ``_attach``, ``_cpu_cgroup`` and ``_Episodes``. A monkeypatch must go to the submodule
-# that looks the name up (``emulate.build._attach``), not to this package.
+# ``attach_worker``, ``cpu_cgroup`` and ``Episodes``. A monkeypatch must go to the submodule
+# that looks the name up (``emulate.build.attach_worker``), not to this package.
 from . import build as build
 from . import contention as contention
 from . import episodes as episodes
 from . import jobs as jobs
 from . import shaping as shaping
 from . import state as state
-from .build import _attach as _attach
+from .build import attach_worker as attach_worker
 from .build import cluster, down, up
 from .contention import CGROUP_ROOT as CGROUP_ROOT
 from .contention import CPU_PERIOD_US as CPU_PERIOD_US
-from .contention import _cpu_cgroup as _cpu_cgroup
 from .contention import contend, dead_flows, parse_cpu_limit, parse_flow
+from .contention import cpu_cgroup as cpu_cgroup
 from .episodes import MAX_EPISODE_S as MAX_EPISODE_S
 from .episodes import Episode, check_episodes, parse_episode
-from .episodes import _Episodes as _Episodes
+from .episodes import Episodes as Episodes
 from .jobs import FAILED_GRACE_S as FAILED_GRACE_S
 from .jobs import run, run_dssync
 from .shaping import check_netem, check_support

@@ -13,8 +13,8 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from .contention import _sweep_cpu_cgroups
-from .shaping import _shape_nic, _shape_uplink, check_support
+from .contention import sweep_cpu_cgroups
+from .shaping import check_support, shape_nic, shape_uplink
 from .state import (
     DEFAULT_NAME,
     GSO_MAX_BYTES,
@@ -22,13 +22,13 @@ from .state import (
     SUBNET,
     Cluster,
     EmulationError,
-    _existing,
-    _ip,
-    _save,
-    _sh,
-    _state_path,
+    existing_namespaces,
     load_state,
+    netns_ip,
     parse_rate,
+    run_command,
+    save_state,
+    state_path,
 )
 
 
@@ -41,11 +41,11 @@ def up(rack_sizes: Sequence[int], *, nic: str = "1gbit", uplink: str = "1gbit",
         raise ValueError(f"rack sizes must be positive, got {list(rack_sizes)}")
     if sum(rack_sizes) > 250:
         raise ValueError(f"at most 250 emulated workers, asked for {sum(rack_sizes)}")
-    if _state_path(name).exists() or _existing(name):
+    if state_path(name).exists() or existing_namespaces(name):
         raise EmulationError(f"emulated cluster {name!r} is already up; `dssync emulate down` first")
     c = Cluster(name=name, rack_sizes=list(rack_sizes), nic_bps=parse_rate(nic),
                 uplink_bps=parse_rate(uplink))
-    _save(c)  # first, so that a crash part-way is still cleaned by `down`
+    save_state(c)  # first, so that a crash part-way is still cleaned by `down`
     try:
         _build(c)
     except BaseException:
@@ -66,57 +66,57 @@ def _hosts_file(ns: str, addr: str) -> None:
     (NETNS_ETC / ns / "hosts").write_text(f"127.0.0.1 localhost\n{addr} {socket.gethostname()}\n")
 
 
-def _attach(c: Cluster, ns: str, fabric_dev: str, bridge: str, addr: str) -> None:
-    _sh("ip", "netns", "add", ns)
+def attach_worker(c: Cluster, ns: str, fabric_dev: str, bridge: str, addr: str) -> None:
+    run_command("ip", "netns", "add", ns)
     _hosts_file(ns, addr)
-    _ip(c.fabric, "link", "add", fabric_dev, "type", "veth", "peer", "name", "eth0", "netns", ns)
-    _ip(c.fabric, "link", "set", fabric_dev, "master", bridge, "up")
-    _ip(ns, "addr", "add", f"{addr}/16", "dev", "eth0")
-    _ip(ns, "link", "set", "eth0", "gso_max_size", str(GSO_MAX_BYTES), "up")
-    _ip(ns, "route", "replace", f"{SUBNET}.0.0/16", "dev", "eth0", "proto", "kernel", "scope", "link",
+    netns_ip(c.fabric, "link", "add", fabric_dev, "type", "veth", "peer", "name", "eth0", "netns", ns)
+    netns_ip(c.fabric, "link", "set", fabric_dev, "master", bridge, "up")
+    netns_ip(ns, "addr", "add", f"{addr}/16", "dev", "eth0")
+    netns_ip(ns, "link", "set", "eth0", "gso_max_size", str(GSO_MAX_BYTES), "up")
+    netns_ip(ns, "route", "replace", f"{SUBNET}.0.0/16", "dev", "eth0", "proto", "kernel", "scope", "link",
         "src", addr, "rto_min", f"{RTO_MIN_MS}ms")
     # A connection idle for one retransmission timeout restarts from the initial window
     # (Linux's default), so a group that meets every few iterations would enter a contended
     # link at 10 packets against established streams. Clusters that run collectives turn it
     # off; so do the emulated hosts (per namespace).
-    _sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.tcp_slow_start_after_idle=0")
-    _ip(ns, "link", "set", "lo", "up")
+    run_command("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.tcp_slow_start_after_idle=0")
+    netns_ip(ns, "link", "set", "lo", "up")
 
 
 def _build(c: Cluster) -> None:
-    _sh("ip", "netns", "add", c.fabric)
-    _ip(c.fabric, "link", "set", "lo", "up")
-    _ip(c.fabric, "link", "add", "br-spine", "type", "bridge")
-    _ip(c.fabric, "link", "set", "br-spine", "up")
+    run_command("ip", "netns", "add", c.fabric)
+    netns_ip(c.fabric, "link", "set", "lo", "up")
+    netns_ip(c.fabric, "link", "add", "br-spine", "type", "bridge")
+    netns_ip(c.fabric, "link", "set", "br-spine", "up")
     rank = 0
     for rack, size in enumerate(c.rack_sizes):
         bridge = f"br{rack}"
-        _ip(c.fabric, "link", "add", bridge, "type", "bridge")
-        _ip(c.fabric, "link", "set", bridge, "up")
-        _ip(c.fabric, "link", "add", f"up{rack}", "type", "veth", "peer", "name", f"s{rack}")
-        _ip(c.fabric, "link", "set", f"up{rack}", "master", bridge, "up")
-        _ip(c.fabric, "link", "set", f"s{rack}", "master", "br-spine", "up")
-        _shape_uplink(c, rack)
+        netns_ip(c.fabric, "link", "add", bridge, "type", "bridge")
+        netns_ip(c.fabric, "link", "set", bridge, "up")
+        netns_ip(c.fabric, "link", "add", f"up{rack}", "type", "veth", "peer", "name", f"s{rack}")
+        netns_ip(c.fabric, "link", "set", f"up{rack}", "master", bridge, "up")
+        netns_ip(c.fabric, "link", "set", f"s{rack}", "master", "br-spine", "up")
+        shape_uplink(c, rack)
         for _ in range(size):
-            _attach(c, c.worker_ns(rank), f"w{rank}", bridge, c.worker_addr(rank))
-            _shape_nic(c, rank)
+            attach_worker(c, c.worker_ns(rank), f"w{rank}", bridge, c.worker_addr(rank))
+            shape_nic(c, rank)
             rank += 1
-        _attach(c, c.bg_ns(rack), f"b{rack}", bridge, c.bg_addr(rack))
-    _attach(c, c.sink_ns, "k0", "br-spine", c.SINK_ADDR)
+        attach_worker(c, c.bg_ns(rack), f"b{rack}", bridge, c.bg_addr(rack))
+    attach_worker(c, c.sink_ns, "k0", "br-spine", c.SINK_ADDR)
 
 
 def down(name: str = DEFAULT_NAME) -> list[str]:
     """Stop background flows and delete every namespace of the cluster; return their names."""
-    state = _state_path(name)
-    names = set(_existing(name))
+    state = state_path(name)
+    names = set(existing_namespaces(name))
     if state.exists():
         try:
             c = load_state(name)
-            names.update(n for n in c.namespaces() if n in _existing(name))
+            names.update(n for n in c.namespaces() if n in existing_namespaces(name))
         except (EmulationError, ValueError, TypeError, json.JSONDecodeError):
             pass  # a torn state file: the namespace sweep below still finds everything
     for ns in sorted(names):
-        pids = _sh("ip", "netns", "pids", ns, check=False).stdout.split()
+        pids = run_command("ip", "netns", "pids", ns, check=False).stdout.split()
         for pid in pids:
             try:
                 os.kill(int(pid), signal.SIGKILL)
@@ -124,12 +124,12 @@ def down(name: str = DEFAULT_NAME) -> list[str]:
                 pass
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and any(
-            _sh("ip", "netns", "pids", ns, check=False).stdout.strip() for ns in names):
+            run_command("ip", "netns", "pids", ns, check=False).stdout.strip() for ns in names):
         time.sleep(0.05)  # killed processes still hold their namespace until reaped
     for ns in sorted(names):
-        _sh("ip", "netns", "del", ns, check=False)
+        run_command("ip", "netns", "del", ns, check=False)
         shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
-    _sweep_cpu_cgroups(name)
+    sweep_cpu_cgroups(name)
     state.unlink(missing_ok=True)
     return sorted(names)
 

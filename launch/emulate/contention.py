@@ -15,17 +15,17 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .shaping import _shape_nic, _shape_uplink
+from .shaping import shape_nic, shape_uplink
 from .state import (
     DEFAULT_NAME,
     FLOW_STREAMS,
     IPERF_BASE_PORT,
     Cluster,
     EmulationError,
-    _save,
     check_name,
     load_state,
     parse_rate,
+    save_state,
 )
 
 #: In the command line of every busy loop ``cpu:I`` starts, so that ending it ends nothing else.
@@ -37,7 +37,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 CPU_PERIOD_US = 100_000
 
 
-def _cpu_cgroup(name: str, rank: int) -> Path:
+def cpu_cgroup(name: str, rank: int) -> Path:
     """The cgroup that holds worker ``rank``'s processes: under the unified hierarchy
     (cgroup v2, ``cpu.max``) or the v1 ``cpu`` controller (``cpu.cfs_quota_us``)."""
     base = CGROUP_ROOT if (CGROUP_ROOT / "cgroup.controllers").exists() else CGROUP_ROOT / "cpu"
@@ -46,20 +46,20 @@ def _cpu_cgroup(name: str, rank: int) -> Path:
 
 def _limit_cpu(c: Cluster, rank: int, cores: float | None) -> None:
     """Cap worker ``rank``'s processes at ``cores`` cores (``None``: remove the cap)."""
-    group = _cpu_cgroup(c.name, rank)
+    group = cpu_cgroup(c.name, rank)
     if cores is None:
         with contextlib.suppress(OSError):
             group.rmdir()
         return
     if not cores > 0:
         raise ValueError(f"a CPU limit is a positive number of cores, got {cores}")
-    _set_cpu_quota(c, rank, cores)
+    set_cpu_quota(c, rank, cores)
 
 
-def _set_cpu_quota(c: Cluster, rank: int, cores: float | None) -> None:
+def set_cpu_quota(c: Cluster, rank: int, cores: float | None) -> None:
     """Make worker ``rank``'s cgroup if it is missing and cap it at ``cores`` cores (``None``:
     the cgroup stays, uncapped, so that processes in it keep their place)."""
-    group = _cpu_cgroup(c.name, rank)
+    group = cpu_cgroup(c.name, rank)
     try:
         group.mkdir(exist_ok=True)
         quota = None if cores is None else max(1000, round(cores * CPU_PERIOD_US))
@@ -73,10 +73,10 @@ def _set_cpu_quota(c: Cluster, rank: int, cores: float | None) -> None:
                              "(needs root and a cgroup cpu controller)") from None
 
 
-def _sweep_cpu_cgroups(name: str) -> None:
+def sweep_cpu_cgroups(name: str) -> None:
     """Remove the cluster's CPU cgroups (their processes are gone by now)."""
     shape = re.compile(re.escape(check_name(name)) + r"-w\d+")
-    for group in _cpu_cgroup(name, 0).parent.glob(f"dssync-{name}-w*"):
+    for group in cpu_cgroup(name, 0).parent.glob(f"dssync-{name}-w*"):
         if shape.fullmatch(group.name.removeprefix("dssync-")):
             with contextlib.suppress(OSError):
                 group.rmdir()
@@ -101,28 +101,28 @@ def contend(*, name: str = DEFAULT_NAME, rack: int | None = None, uplink: str | 
             _limit_cpu(c, i, None)
         c.flows, c.nic_override, c.uplink_override, c.cpu_limit = [], {}, {}, {}
         for r in range(len(c.rack_sizes)):
-            _shape_uplink(c, r)
+            shape_uplink(c, r)
         for i in range(c.world_size):
-            _shape_nic(c, i)
+            shape_nic(c, i)
     if uplink is not None:
         if rack is None or not 0 <= rack < len(c.rack_sizes):
             raise ValueError(f"--uplink needs --rack in 0..{len(c.rack_sizes) - 1}, got {rack}")
         c.uplink_override[rack] = parse_rate(uplink)
-        _shape_uplink(c, rack)
+        shape_uplink(c, rack)
     if nic is not None:
         if rank is None or not 0 <= rank < c.world_size:
             raise ValueError(f"--nic needs --rank in 0..{c.world_size - 1}, got {rank}")
         c.nic_override[rank] = parse_rate(nic)
-        _shape_nic(c, rank)
+        shape_nic(c, rank)
     for i, cores in (cpu or {}).items():
         if not 0 <= i < c.world_size:
             raise ValueError(f"CPU limit for rank {i}: ranks are 0..{c.world_size - 1}")
         _limit_cpu(c, i, cores)
         c.cpu_limit[i] = cores
-        _save(c)  # at once, so that `down` finds the cgroup even if a later step fails
+        save_state(c)  # at once, so that `down` finds the cgroup even if a later step fails
     for kind, index in flows:
         c.flows.append(_start_flow(c, kind, index, streams))
-    _save(c)
+    save_state(c)
     return c
 
 

@@ -10,9 +10,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .contention import _set_cpu_quota
-from .shaping import _delay_nic, _shape_nic, check_netem
-from .state import Cluster, EmulationError, _seconds, load_state, parse_rate
+from .contention import set_cpu_quota
+from .shaping import check_netem, delay_nic, shape_nic
+from .state import Cluster, EmulationError, delay_seconds, load_state, parse_rate
 
 # -- straggler episodes ----------------------------------------------------------------------
 #: An episode starts and lasts less than this many seconds (a year): a timer past the float
@@ -51,7 +51,7 @@ class Episode:
         if self.nic is not None:
             parse_rate(self.nic)
         if self.delay is not None:
-            _seconds(self.delay)
+            delay_seconds(self.delay)
 
     @property
     def kind(self) -> str:
@@ -100,7 +100,7 @@ def check_episodes(c: Cluster, episodes: Sequence[Episode]) -> None:
         check_netem()
 
 
-class _Episodes:
+class Episodes:
     """Applies episodes at their times after ``start`` from a daemon thread; ``stop`` undoes
     what is still on. Each change sets a worker's CPU or NIC to what the episodes still on ask
     for (the latest begun wins), or else to what the cluster's state says (``contend``)."""
@@ -121,7 +121,7 @@ class _Episodes:
         """Make the cgroup of every worker with a CPU episode, capped at the worker's static
         limit or not at all, so that its processes start inside it."""
         for rank in self.cpu_ranks:
-            _set_cpu_quota(self.c, rank, self.c.cpu_limit.get(rank))
+            set_cpu_quota(self.c, rank, self.c.cpu_limit.get(rank))
 
     def start(self) -> None:
         """Apply what begins at 0 s now, the rest from the thread."""
@@ -167,15 +167,15 @@ class _Episodes:
         try:
             if kind == "cpu":
                 cores = mine[-1].cpu if mine else static.cpu_limit.get(rank)
-                _set_cpu_quota(self.c, rank, cores)
+                set_cpu_quota(self.c, rank, cores)
                 restored = "" if cores is None else f" to {cores} cores"
             else:
                 nic = [x.nic for x in self.on if (x.rank, x.kind) == (rank, "nic")]
                 delay = [x.delay for x in self.on if (x.rank, x.kind) == (rank, "delay")]
                 rate = parse_rate(nic[-1]) if nic else static.nic_override.get(rank, static.nic_bps)
-                _shape_nic(self.c, rank, rate)
+                shape_nic(self.c, rank, rate)
                 if delay or rank in self.delayed:
-                    _delay_nic(self.c, rank, rate, delay[-1] if delay else None)
+                    delay_nic(self.c, rank, rate, delay[-1] if delay else None)
                     (self.delayed.add if delay else self.delayed.discard)(rank)
                 restored = f" to {rate / 1e6:g} Mbit/s" if kind == "nic" else ""
         except (EmulationError, OSError, ValueError) as exc:

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .contention import _cpu_cgroup
-from .episodes import Episode, _Episodes, check_episodes
+from .contention import cpu_cgroup
+from .episodes import Episode, Episodes, check_episodes
 from .forked import ForkedWorker, forkable
 from .launchers import LAUNCHERS, launcher_argv, launcher_env, workdir
 from .state import DEFAULT_NAME, MASTER_PORT, EmulationError, load_state
@@ -149,7 +149,7 @@ def run(command: Sequence[str], *, name: str = DEFAULT_NAME, timeout_s: float | 
             out.write(text)
             out.flush()
 
-    stragglers = _Episodes(c, episodes, write)
+    stragglers = Episodes(c, episodes, write)
     stragglers.prepare()
     in_cgroup = set(c.cpu_limit) | set(stragglers.cpu_ranks)
     procs: list[subprocess.Popen] = []
@@ -169,7 +169,7 @@ def run(command: Sequence[str], *, name: str = DEFAULT_NAME, timeout_s: float | 
                    "GLOO_SOCKET_IFNAME": "eth0", "DSSYNC_HOST": f"w{rank}"}
             # The namespaces have no resolver; c10d would warn about it on every connection.
             env.setdefault("TORCH_CPP_LOG_LEVEL", os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"))
-            cgroup = _cpu_cgroup(c.name, rank) if rank in in_cgroup else None
+            cgroup = cpu_cgroup(c.name, rank) if rank in in_cgroup else None
             if fork:  # every worker forked before any thread starts here
                 procs.append(ForkedWorker(command, netns=c.worker_ns(rank), env=env, cgroup=cgroup))
                 continue

@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from .contention import _cpu_cgroup
+from .contention import cpu_cgroup
 from .state import Cluster, EmulationError, load_state
 
 __all__ = ["LAUNCHERS", "agent_main", "launcher_argv"]
@@ -101,7 +101,7 @@ def agent_main(argv: Sequence[str]) -> int:
     command = " ".join(_options_stripped(rest[1:]))  # ssh also takes options after the host
     argv_out = ["ip", "netns", "exec", c.worker_ns(rank), "env", f"DSSYNC_HOST=w{rank}", "sh", "-c", command]
     if rank in c.cpu_limit:  # join the worker's CPU cgroup first (outside the namespace's /sys)
-        argv_out = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(_cpu_cgroup(c.name, rank)),
+        argv_out = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cpu_cgroup(c.name, rank)),
                     *argv_out]
     argv_out = ["setpriv", "--pdeathsig", "KILL", *argv_out]
     sys.stdout.flush()

@@ -7,12 +7,12 @@ import os
 import shutil
 import sys
 
-from .state import QUEUE_MS, Cluster, EmulationError, _seconds, _sh, format_rate
+from .state import QUEUE_MS, Cluster, EmulationError, delay_seconds, format_rate, run_command
 
 
 # -- shaping ---------------------------------------------------------------------------------
 def _tc(ns: str, *args: str) -> None:
-    _sh("ip", "netns", "exec", ns, "tc", *args)
+    run_command("ip", "netns", "exec", ns, "tc", *args)
 
 
 def _shape(ns: str, dev: str, bits_per_s: int) -> None:
@@ -31,7 +31,7 @@ def _burst(bits_per_s: int) -> int:
     return max(65536 + 1514, bits_per_s // 8 // 500)
 
 
-def _shape_nic(c: Cluster, rank: int, bits_per_s: int | None = None) -> None:
+def shape_nic(c: Cluster, rank: int, bits_per_s: int | None = None) -> None:
     """Shape worker ``rank``'s NIC at ``bits_per_s`` (default: its rate in ``c``)."""
     rate = c.nic_override.get(rank, c.nic_bps) if bits_per_s is None else bits_per_s
     _shape(c.worker_ns(rank), "eth0", rate)  # worker -> rack
@@ -43,7 +43,7 @@ def _nic_devices(c: Cluster, rank: int) -> list[tuple[str, str]]:
     return [(c.worker_ns(rank), "eth0"), (c.fabric, f"w{rank}")]
 
 
-def _delay_nic(c: Cluster, rank: int, bits_per_s: int, delay: str | None) -> None:
+def delay_nic(c: Cluster, rank: int, bits_per_s: int, delay: str | None) -> None:
     """Put ``netem`` under both directions' ``tbf`` of worker ``rank``'s NIC (``None``: the
     plain byte FIFO that ``tbf`` holds by default, of the size it picks itself)."""
     for ns, dev in _nic_devices(c, rank):
@@ -52,12 +52,12 @@ def _delay_nic(c: Cluster, rank: int, bits_per_s: int, delay: str | None) -> Non
             _tc(ns, "qdisc", "replace", "dev", dev, "parent", "1:1", "handle", "10:", "bfifo", "limit", str(limit))
         else:
             # room for the packets in flight over the delay at the NIC's rate, twice over
-            packets = max(1000, 2 * int(bits_per_s / 8 / 1514 * _seconds(delay)))
+            packets = max(1000, 2 * int(bits_per_s / 8 / 1514 * delay_seconds(delay)))
             _tc(ns, "qdisc", "replace", "dev", dev, "parent", "1:1", "handle", "10:", "netem",
                 "delay", delay, "limit", str(packets))
 
 
-def _shape_uplink(c: Cluster, rack: int) -> None:
+def shape_uplink(c: Cluster, rack: int) -> None:
     rate = c.uplink_override.get(rack, c.uplink_bps)
     _shape(c.fabric, f"up{rack}", rate)  # rack -> spine
     _shape(c.fabric, f"s{rack}", rate)  # spine -> rack
@@ -77,24 +77,24 @@ def check_support() -> None:
             "run it as root or with sudo"
         )
     probe = f"dss-check-{os.getpid()}"
-    result = _sh("ip", "netns", "add", probe, check=False)
+    result = run_command("ip", "netns", "add", probe, check=False)
     if result.returncode != 0:
         raise EmulationError(f"this kernel or container cannot create network namespaces: "
                              f"{result.stderr.strip()}")
-    _sh("ip", "netns", "del", probe, check=False)
+    run_command("ip", "netns", "del", probe, check=False)
 
 
 def check_netem() -> None:
     """Raise ``EmulationError`` unless this kernel has the ``netem`` qdisc (``delay`` episodes)."""
     probe = f"dss-netem-{os.getpid()}"
-    made = _sh("ip", "netns", "add", probe, check=False)
+    made = run_command("ip", "netns", "add", probe, check=False)
     if made.returncode != 0:
         raise EmulationError(f"cannot make a namespace to look for sch_netem: {made.stderr.strip()}")
     try:
-        result = _sh("ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "lo", "root", "netem",
+        result = run_command("ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "lo", "root", "netem",
                      "delay", "1ms", check=False)
     finally:
-        _sh("ip", "netns", "del", probe, check=False)
+        run_command("ip", "netns", "del", probe, check=False)
     if result.returncode != 0:
         raise EmulationError(
             "delay episodes need the netem qdisc, the kernel module sch_netem, which this kernel lacks "

@@ -94,7 +94,7 @@ _DELAY = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)$")
 _DELAY_SCALE = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
-def _seconds(delay: str) -> float:
+def delay_seconds(delay: str) -> float:
     m = _DELAY.match(delay)
     if not m:
         raise ValueError(f"cannot read delay {delay!r}; write it like 30ms, 500us or 0.1s")
@@ -177,15 +177,15 @@ def scenario_contention(spec: dict) -> tuple[list[int], list[int]]:
 
 
 # -- plumbing --------------------------------------------------------------------------------
-def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+def run_command(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run(argv, capture_output=True, text=True)
     if check and proc.returncode != 0:
         raise EmulationError(f"`{' '.join(argv)}` failed: {proc.stderr.strip() or proc.stdout.strip()}")
     return proc
 
 
-def _ip(ns: str, *args: str) -> None:
-    _sh("ip", "-n", ns, *args)
+def netns_ip(ns: str, *args: str) -> None:
+    run_command("ip", "-n", ns, *args)
 
 
 # -- names and the state file ----------------------------------------------------------------
@@ -204,12 +204,12 @@ def _state_dir() -> Path:
     return Path(os.environ.get("DSSYNC_STATE_DIR", "/run/dssync"))
 
 
-def _state_path(name: str) -> Path:
+def state_path(name: str) -> Path:
     return _state_dir() / f"{check_name(name)}.json"
 
 
-def _save(cluster: Cluster) -> None:
-    path = _state_path(cluster.name)
+def save_state(cluster: Cluster) -> None:
+    path = state_path(cluster.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(cluster), indent=1))
@@ -217,7 +217,7 @@ def _save(cluster: Cluster) -> None:
 
 
 def load_state(name: str = DEFAULT_NAME) -> Cluster:
-    path = _state_path(name)
+    path = state_path(name)
     if not path.exists():
         raise EmulationError(f"no emulated cluster {name!r} is up; start one with `dssync emulate up`")
     try:
@@ -236,14 +236,14 @@ def load_state(name: str = DEFAULT_NAME) -> Cluster:
                              f"`dssync emulate down --name {name}` removes the cluster") from None
 
 
-def _existing(name: str) -> list[str]:
+def existing_namespaces(name: str) -> list[str]:
     """The namespaces present that have the shape of cluster ``name``'s own."""
     shape = re.compile(re.escape(check_name(name)) + r"-(fab|sink|w\d+|bg\d+)")
-    out = _sh("ip", "netns", "list", check=False).stdout
+    out = run_command("ip", "netns", "list", check=False).stdout
     names = [line.split()[0] for line in out.splitlines() if line.strip()]
     return [n for n in names if shape.fullmatch(n)]
 
 
 def leftovers(name: str = DEFAULT_NAME) -> list[str]:
     """Namespaces of cluster ``name`` still present (empty after ``down``)."""
-    return _existing(name)
+    return existing_namespaces(name)

@@ -77,7 +77,7 @@ def test_up_twice_is_an_error_and_leaves_the_first_intact(name):
 
 def test_a_failure_while_building_leaves_nothing(name, monkeypatch):
     calls = []
-    real = emulate.build._attach
+    real = emulate.build.attach_worker
 
     def flaky(*args):
         calls.append(args)
@@ -85,7 +85,7 @@ def test_a_failure_while_building_leaves_nothing(name, monkeypatch):
             raise emulate.EmulationError("injected failure")
         return real(*args)
 
-    monkeypatch.setattr(emulate.build, "_attach", flaky)  # where up() looks it up
+    monkeypatch.setattr(emulate.build, "attach_worker", flaky)  # where up() looks it up
     with pytest.raises(emulate.EmulationError, match="injected"):
         emulate.up([2, 2], name=name)
     assert emulate.leftovers(name) == []
@@ -171,7 +171,7 @@ def test_sigterm_brings_the_cluster_down(name):
 def test_a_cpu_limit_puts_the_workers_processes_in_a_capped_cgroup_and_down_removes_it(name):
     with emulate.cluster([2], nic="200mbit", uplink="200mbit", name=name) as c:
         emulate.contend(name=name, cpu={1: 0.2})
-        group = emulate._cpu_cgroup(name, 1)
+        group = emulate.cpu_cgroup(name, 1)
         quota = (group / "cpu.max").read_text().split()[0] if (group / "cpu.max").exists() else \
             (group / "cpu.cfs_quota_us").read_text().strip()
         assert quota == "20000"  # 0.2 of a 100 ms period
@@ -206,7 +206,7 @@ def _run_in_background(**kwargs):
 
 
 def _cpu_quota(name: str, rank: int) -> str:
-    group = emulate._cpu_cgroup(name, rank)
+    group = emulate.cpu_cgroup(name, rank)
     return ((group / "cpu.max").read_text().split()[0] if (group / "cpu.max").exists()
             else (group / "cpu.cfs_quota_us").read_text().strip())
 
@@ -241,7 +241,7 @@ def test_a_cpu_episode_caps_the_worker_during_it_and_not_after(name):
             episodes=[emulate.parse_episode("1:cpu=0.1@0.5+2"),  # from 0.5 s to 2.5 s
                       emulate.parse_episode("0:cpu=0.3@0+60")])  # still on when the job ends
         # the worker's cgroup is made as the job starts
-        capped_at = _until(lambda: emulate._cpu_cgroup(name, 1).exists() and _cpu_quota(name, 1) == "10000",
+        capped_at = _until(lambda: emulate.cpu_cgroup(name, 1).exists() and _cpu_quota(name, 1) == "10000",
                            "worker 1's episode to cap it")
         other = _cpu_quota(name, 0)
         freed_at = _until(lambda: _cpu_quota(name, 1) in ("-1", "max"), "worker 1's episode to end")
@@ -262,7 +262,7 @@ def test_a_cpu_episode_caps_the_worker_during_it_and_not_after(name):
         assert re.search(r"^\[episode\] worker 1: cpu 0\.1 cores \(at \d+\.\d s, for 2 s\)$", out.getvalue(), re.M)
         assert re.search(r"^\[episode\] worker 1: cpu restored \(at \d+\.\d s\)$", out.getvalue(), re.M)
         assert re.search(r"^\[episode\] worker 0: cpu restored \(at \d+\.\d s\)$", out.getvalue(), re.M)
-    assert not emulate._cpu_cgroup(name, 1).exists()  # down took the cgroups with it
+    assert not emulate.cpu_cgroup(name, 1).exists()  # down took the cgroups with it
 
 
 def test_a_nic_episode_reshapes_the_workers_nic_both_ways_and_restores_it(name):

@@ -74,10 +74,10 @@ def test_episodes_apply_in_order_and_stop_undoes_what_is_still_on(monkeypatch):
                         nic_override={0: 5 * 10**8})
     calls, lines = [], []
     monkeypatch.setattr(emulate.episodes, "load_state", lambda name: c)
-    monkeypatch.setattr(emulate.episodes, "_set_cpu_quota", lambda c, rank, cores: calls.append(("cpu", rank, cores)))
-    monkeypatch.setattr(emulate.episodes, "_shape_nic", lambda c, rank, bps=None: calls.append(("nic", rank, bps)))
-    monkeypatch.setattr(emulate.episodes, "_delay_nic", lambda c, rank, bps, delay: calls.append(("delay", rank, delay)))
-    stragglers = emulate._Episodes(c, [Episode(1, 1.0, 2.0, cpu=0.1), Episode(1, 2.0, 5.0, cpu=0.2),
+    monkeypatch.setattr(emulate.episodes, "set_cpu_quota", lambda c, rank, cores: calls.append(("cpu", rank, cores)))
+    monkeypatch.setattr(emulate.episodes, "shape_nic", lambda c, rank, bps=None: calls.append(("nic", rank, bps)))
+    monkeypatch.setattr(emulate.episodes, "delay_nic", lambda c, rank, bps, delay: calls.append(("delay", rank, delay)))
+    stragglers = emulate.Episodes(c, [Episode(1, 1.0, 2.0, cpu=0.1), Episode(1, 2.0, 5.0, cpu=0.2),
                                        Episode(0, 0.0, 1.0, nic="100mbit"), Episode(0, 0.5, 10.0, delay="5ms")],
                                    lines.append)
     stragglers.prepare()
