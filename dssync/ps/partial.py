@@ -1,8 +1,9 @@
 """Partial synchronization on the sharded parameter server (PSP-SGD, the weak/partial synchronization paper).
 
-``PartialServer`` reuses ``ParameterServer``'s shards, sockets and set-up (one shard per
-rank, one TCP connection per worker and shard), with the round-based protocol of the
-paper's Algorithm 1 in place of apply-at-once:
+``PartialServer`` composes the transport every server uses (``dssync.ps.links``: one shard
+per rank, one TCP connection per worker and shard) with the round rule
+(``dssync.ps.shards.RoundShard``) and the protocol of the paper's Algorithm 1 in place of
+request-and-reply:
 
 - **Server (shard) rounds.** Shard ``s`` is at round ``r`` with parameters of version
   ``r``. A worker's push carries the version of the block it computed its gradient on. A
@@ -24,7 +25,9 @@ Choices the weak/partial synchronization paper leaves open, made here:
    ``lr * (d / k) * (sum of the d gradients / d) = lr * sum / k``, where ``lr`` is the rate
    that a full round (``d = k``, the loop's batch times ``k``) would use. With ``c = k`` and
    ``pull_fraction = 1`` the protocol is synchronous SGD on the servers, step for step the
-   ``allreduce`` baseline. Momentum is the shard's, one step per round.
+   ``allreduce`` baseline. The step is ``torch.optim.SGD``'s with the loop's settings
+   (momentum, dampening, Nesterov; weight decay is a term of the worker's gradient), one step
+   per round.
 2. **Blocks**: one contiguous, equal-size block per shard (``shard_bounds``); ``b`` is
    rounded up to whole shards, ``c`` is a count of workers.
 3. **Timeouts**: ``tau1`` starts at the ``c``-th push that joined the round; ``tau2`` at the
@@ -58,116 +61,36 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from dssync.collectives import Communicator
 from dssync.errors import CommunicationError
-from dssync.ps.framing import (
-    HEADER,
-    Op,
-    recv_exact,
-    recv_header,
-    refuse,
-)
-from dssync.ps.server import ParameterServer
+from dssync.ps.framing import HEADER, Op, recv_exact, recv_header, refuse, shard_bounds
+from dssync.ps.links import ShardLinks
+from dssync.ps.server import check_flat
+from dssync.ps.shards import RoundShard
 
-__all__ = ["PartialServer", "RoundShard"]
+__all__ = ["PartialServer"]
 
 
-
-class RoundShard:
-    """One shard's parameters, momentum and round, and the pushes of the open round."""
-
-    def __init__(self, params: np.ndarray, num_workers: int, *, lr: float, momentum: float, quorum: int,
-                 tau1_s: float, on_round: Callable[[np.ndarray, int], None]) -> None:
-        self.params = params
-        self.momentum_buf = np.zeros_like(params)
-        self.lr, self.momentum = float(lr), float(momentum)
-        self.k, self.quorum, self.tau1_s = num_workers, quorum, tau1_s
-        self.version = 0
-        self.sum = np.zeros_like(params)
-        self.joined: set[int] = set()
-        self.responded: set[int] = set()  # workers that pushed anything while this round was open
-        self.active: set[int] = set(range(num_workers))
-        self._timer_round = -1
-        self.dropped = 0
-        self.joined_by_round: list[list[int]] = []  # the workers each closed round applied
-        self.lock = threading.Lock()
-        self._on_round = on_round
-
-    def push(self, worker: int, version: int, grad: np.ndarray) -> None:
-        """A worker's gradient computed on ``version``: joins the open round or is dropped."""
-        with self.lock:
-            self.responded.add(worker)
-            if version != self.version or worker in self.joined:
-                self.dropped += 1
-            else:
-                self.sum += grad
-                self.joined.add(worker)
-            self._maybe_close()
-
-    def _need(self) -> int:
-        """Pushes that close the round: c, or fewer when fewer workers can still push (the
-        others are idle: in an evaluation's collective, or done)."""
-        return max(1, min(self.quorum, len(self.active | self.joined)))
-
-    def _maybe_close(self) -> None:
-        """Close the round (lock held) once it holds c pushes (after ``tau1`` more seconds),
-        or at once when every active worker has pushed since it opened, stale pushes
-        included: a worker whose blocks are stale pushes stale gradients, and a round that
-        waited for its fresh ones could wait on a worker that waits on this shard's block."""
-        if not self.joined:
-            return
-        if self.active <= self.responded or (len(self.joined) >= self._need() and self.tau1_s <= 0):
-            self._close()
-        elif len(self.joined) >= self._need() and self._timer_round != self.version:
-            self._timer_round = self.version
-            timer = threading.Timer(self.tau1_s, self._close_if, args=(self.version,))
-            timer.daemon = True
-            timer.start()
-
-    def set_active(self, worker: int, active: bool) -> None:
-        """A worker stops pushing for a while (``False``) or comes back. An idle worker's
-        absence must not hold a round open."""
-        with self.lock:
-            (self.active.add if active else self.active.discard)(worker)
-            self._maybe_close()
-
-    def _close_if(self, round_: int) -> None:
-        with self.lock:
-            if self.version == round_:
-                self._close()
-
-    def _close(self) -> None:
-        """Apply the round (lock held): ``lr * sum / k`` with momentum, then broadcast."""
-        step = self.sum / self.k
-        if self.momentum:
-            self.momentum_buf *= self.momentum
-            self.momentum_buf += step
-            step = self.momentum_buf
-        self.params -= self.lr * step
-        self.joined_by_round.append(sorted(self.joined))
-        self.version += 1
-        self.sum[:] = 0
-        self.joined.clear()
-        self.responded.clear()
-        self._on_round(self.params.copy(), self.version)
-
-
-class PartialServer(ParameterServer):
-    """``ParameterServer`` with partial pushing and pulling (see the module docstring).
+class PartialServer:
+    """A sharded parameter server with partial pushing and pulling (see the module docstring);
+    it speaks ``dssync.ps.server.ShardServer``.
 
     ``push_quorum`` (c) is the number of workers whose pushes close a round, at most the
     world size; ``pull_fraction`` (b) the fraction of shards a worker waits for. Collective
     set-up, like ``ParameterServer``.
     """
 
-    def __init__(self, comm: Communicator, flat: torch.Tensor, *, lr: float, momentum: float = 0.0,
-                 push_quorum: int | None = None, pull_fraction: float = 1.0, tau1_s: float = 0.0,
-                 tau2_s: float = 0.0, delay_prob: float = 0.0, delay_s: float = 0.0, seed: int = 0,
-                 timeout_s: float | None = None) -> None:
+    last_send_s: float | None = None
+
+    def __init__(self, comm: Communicator, flat: torch.Tensor, *, lr: float, push_quorum: int | None = None,
+                 pull_fraction: float = 1.0, tau1_s: float = 0.0, tau2_s: float = 0.0, delay_prob: float = 0.0,
+                 delay_s: float = 0.0, seed: int = 0, timeout_s: float | None = None, **sgd: Any) -> None:
+        check_flat(flat)
         n = comm.world_size
         quorum = n if push_quorum is None else int(push_quorum)
         if not 1 <= quorum <= n:
@@ -181,7 +104,18 @@ class PartialServer(ParameterServer):
         self._rng = random.Random(seed * 7919 + comm.rank)
         self._outboxes: list[queue.Queue] = []
         self._outbox_lock = threading.Lock()
-        super().__init__(comm, flat, lr=lr, momentum=momentum, timeout_s=timeout_s)
+        self.comm, self.flat = comm, flat
+        self.rank, self.n = comm.rank, n
+        self.timeout_s = comm.timeout_s if timeout_s is None else timeout_s
+        start, stop = shard_bounds(flat.numel(), n)[self.rank]
+        self.shard = RoundShard(flat[start:stop].numpy().copy(), n, sgd=dict(sgd, lr=lr), quorum=quorum,
+                                tau1_s=tau1_s, on_round=self._broadcast)
+        self.links = ShardLinks(comm, flat.numel(), self._serve, f"rank {self.rank}'s parameter-server shard",
+                                self.timeout_s)
+        self.bounds = self.links.bounds
+        self._socks = self.links.socks
+        self._client_timeout_s = self.links.client_timeout_s
+        self.versions = [0] * n
         # Client side: a receiver per shard stages the newest block; push_pull copies them in.
         self._staged = [np.zeros(b - a, dtype=np.float32) for a, b in self.bounds]
         self._staged_version = [0] * self.n
@@ -209,17 +143,13 @@ class PartialServer(ParameterServer):
         comm.barrier()
 
     # -- server side ------------------------------------------------------------------------
-    def _new_shard(self, params: np.ndarray, *, lr: float, momentum: float, staleness: int | None) -> RoundShard:
-        return RoundShard(params, self.n, lr=lr, momentum=momentum, quorum=self.quorum, tau1_s=self.tau1_s,
-                          on_round=self._broadcast)
-
     def _broadcast(self, block: np.ndarray, version: int) -> None:
         with self._outbox_lock:
             for box in self._outboxes:
                 box.put((block, version, Op.REPLY))
 
     def _serve(self, conn: socket.socket) -> None:
-        shard = self._shard
+        shard = self.shard
         outbox: queue.Queue = queue.Queue()
         stopping = threading.Event()
         with self._outbox_lock:
@@ -335,7 +265,7 @@ class PartialServer(ParameterServer):
         if grad.shape != self.flat.shape or grad.dtype != torch.float32:
             raise ValueError(f"gradient must match the parameter buffer ({self.flat.numel()} float32)")
         pushed = list(self.versions)
-        views = self._views(grad.contiguous())
+        views = self.links.views(grad.contiguous())
         shard = -1
         t0 = time.perf_counter()
         try:
@@ -394,15 +324,20 @@ class PartialServer(ParameterServer):
         self.pull()
         self.comm.barrier()
 
+    def momentum(self) -> np.ndarray:
+        with self.shard.lock:
+            return self.shard.sgd.momentum()
+
+    def set_momentum(self, buffer: np.ndarray) -> None:
+        with self.shard.lock:
+            self.shard.sgd.set_momentum(buffer)
+
     def stats(self) -> dict[str, object]:
         """This rank's shard: rounds closed, the workers each applied, stale pushes dropped,
         block messages delayed."""
-        shard = self._shard
-        with shard.lock:
-            return {"rounds": shard.version, "joined": [list(j) for j in shard.joined_by_round],
-                    "dropped": shard.dropped, "delayed": self.delayed}
+        return dict(self.shard.stats(), delayed=self.delayed)
 
     def close(self) -> None:
         with self._fresh:
             self._closing = True
-        super().close()
+        self.links.close()

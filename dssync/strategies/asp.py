@@ -1,8 +1,8 @@
 """``asp``: data parallelism through the sharded parameter server (``dssync.ps.server``).
 
 Every iteration a worker pushes its gradient to every shard, where it is applied at once
-with the loop's SGD settings (momentum, and the learning rate divided by the number of
-workers: see ``Config.scale_lr``), and pulls the shards' parameters
+by ``torch.optim.SGD`` with the loop's settings (momentum, dampening, Nesterov, weight decay,
+and the learning rate divided by the number of workers: see ``Config.scale_lr``), and pulls the shards' parameters
 back into its model. ``asp`` never waits for other workers: its gradients can be
 computed on parameters many updates old (``ssp`` bounds that). The optimizer runs on the
 servers, so the loop's optimizer must be passed through ``wrap_optimizer`` (its ``step``
@@ -20,11 +20,15 @@ from torch import nn
 
 from dssync.averaging.flat import flatten_parameters, hookless_copy
 from dssync.errors import DssyncError
-from dssync.ps.server import ParameterServer
+from dssync.ps.server import ParameterServer, ShardServer
 from dssync.strategies.allreduce import GradientBuffer
 from dssync.strategies.base import StepsElsewhere, Strategy, StrategyContext
 
 __all__ = ["ASPStrategy"]
+
+#: The loop's ``torch.optim.SGD`` settings the shards step with. The learning rate is set per
+#: server (``_server_lr``); weight decay is the worker's (``ASPStrategy._before_step``).
+SGD_SETTINGS = ("momentum", "dampening", "nesterov", "maximize")
 
 
 class ASPStrategy(Strategy):
@@ -53,26 +57,25 @@ class ASPStrategy(Strategy):
         self._flat = flats[0]
         self._grads = GradientBuffer(self.model)
         self._settings: dict[str, float] | None = None
-        self.server: ParameterServer | None = None
+        self.server: ShardServer | None = None
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         if not isinstance(optimizer, torch.optim.SGD) or len(optimizer.param_groups) != 1:
             raise DssyncError(f"{self.name} applies updates on the servers with SGD: pass one torch.optim.SGD "
                               "with a single parameter group")
         group = optimizer.param_groups[0]
-        if group.get("weight_decay") or group.get("nesterov") or group.get("dampening"):
-            raise DssyncError(f"{self.name}'s servers run plain SGD with momentum: no weight decay, "
-                              "dampening or Nesterov")
         self._group = group
         self._set_lr = group["lr"]
-        self._settings = {"lr": self._server_lr(group["lr"]), "momentum": group.get("momentum", 0.0)}
+        self._weight_decay = float(group.get("weight_decay", 0.0))
+        self._settings = {"lr": self._server_lr(group["lr"]),
+                          **{k: group[k] for k in SGD_SETTINGS if k in group}}
         return StepsElsewhere(optimizer)
 
     def _server_lr(self, lr: float) -> float:
         """The learning rate the shards apply each push with."""
         return lr / (self.comm.world_size if self.config.scale_lr else 1)
 
-    def _make_server(self, settings: dict[str, float]) -> ParameterServer:
+    def _make_server(self, settings: dict[str, float]) -> ShardServer:
         return ParameterServer(self.comm, self._flat, staleness=self.staleness, **settings)
 
     def setup(self) -> None:
@@ -86,6 +89,12 @@ class ASPStrategy(Strategy):
     def _before_step(self, step: int) -> bool:
         assert self.server is not None, "setup() first"
         grad = self._grads.gather()
+        # Weight decay is a term of the worker's gradient, on the parameters it was computed on
+        # (an L2 term of the loss, as parameter-server deployments compute it): it then scales
+        # with the rate below, as torch's SGD decays at the current rate. In a synchronous round
+        # those parameters are the shard's, and the step is torch's SGD with weight decay.
+        if self._weight_decay:
+            grad.add_(self._flat, alpha=self._weight_decay)
         # A learning-rate schedule on the loop's optimizer (warm-up, decay) reaches the shards,
         # which apply the rate set at wrap time, as the gradient scaled by the rate's change:
         # the momentum buffer then sums rate-weighted gradients (Sutskever's form of momentum),

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dssync.ps.partial import PartialServer
-from dssync.ps.server import ParameterServer
+from dssync.ps.server import ShardServer
 from dssync.strategies.asp import ASPStrategy
 
 __all__ = ["PSPStrategy"]
@@ -62,7 +62,7 @@ class PSPStrategy(ASPStrategy):
     def _server_lr(self, lr: float) -> float:
         return lr  # the shard divides each round's gradient sum by k itself
 
-    def _make_server(self, settings: dict[str, float]) -> ParameterServer:
+    def _make_server(self, settings: dict[str, float]) -> ShardServer:
         c = self.config
         return PartialServer(self.comm, self._flat, push_quorum=c.push_quorum or None,
                              pull_fraction=c.pull_fraction, tau1_s=c.tau1_s, tau2_s=c.tau2_s,

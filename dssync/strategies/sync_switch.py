@@ -94,7 +94,7 @@ from torch import nn
 
 from dssync.errors import DssyncError
 from dssync.ps.partial import PartialServer
-from dssync.ps.server import ParameterServer
+from dssync.ps.server import ParameterServer, ShardServer
 from dssync.strategies.asp import ASPStrategy
 from dssync.strategies.base import StrategyContext
 
@@ -184,7 +184,7 @@ class SyncSwitchStrategy(ASPStrategy):
         self._loop_lr = lr
         return lr if self.phase == "bsp" else lr / self.comm.world_size
 
-    def _make_server(self, settings: dict[str, float]) -> ParameterServer:
+    def _make_server(self, settings: dict[str, float]) -> ShardServer:
         if self.phase == "bsp":
             return PartialServer(self.comm, self._flat, **settings)
         return ParameterServer(self.comm, self._flat, **settings)

@@ -191,7 +191,37 @@ def psp_pushes(comm, numel: int, steps: int, quorum, fraction: float, slow_rank=
     final = None if delay_rank is not None else flat.clone()
     comm.barrier()
     ps.close()  # returns once this shard has read every worker's last message: the stats are final
-    return seen, ps.stats(), torch.from_numpy(ps._shard.params.copy()), final
+    return seen, ps.stats(), torch.from_numpy(ps.shard.params.copy()), final
+
+
+def bowl_gradient_target(rank: int, numel: int) -> torch.Tensor:
+    """Rank ``rank``'s bowl minimum: its loss is ``0.5 ||w - target||^2``."""
+    return seeded_vector(rank + 100, numel).float()
+
+
+def servers_with_sgd(comm, strategy_name: str, numel: int, steps: int, sgd: dict, options: dict):
+    """``strategy_name`` (a parameter-server strategy) on a bowl per rank, the loop's optimizer
+    ``torch.optim.SGD(**sgd)``; each rank's gradient is ``w - target_rank`` on the parameters it
+    holds. Returns the start and the handed-back parameters."""
+    from dssync.strategies import get_strategy
+
+    model = nn.Linear(numel, 1, bias=False)
+    cls = get_strategy(strategy_name)
+    strategy = cls(StrategyContext(comm=comm, model=model, topology=Topology.from_rack_sizes([comm.world_size]),
+                                   steps=steps), cls.Config(**options))
+    optimizer = strategy.wrap_optimizer(torch.optim.SGD(model.parameters(), **sgd))
+    strategy.setup()
+    start = model.weight.detach().reshape(-1).clone()
+    target = bowl_gradient_target(comm.rank, numel)
+    for step in range(steps):
+        optimizer.zero_grad()
+        model.weight.grad = (model.weight.detach().reshape(-1) - target).reshape(1, -1).clone()
+        strategy.before_step(step)
+        optimizer.step()
+        strategy.after_step(step)
+    final = strategy.final_model().weight.detach().reshape(-1).clone()
+    strategy.close()
+    return start, final
 
 
 def sync_switch_run(comm, steps: int, switch_at: float, momentum: float):

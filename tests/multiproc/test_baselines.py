@@ -5,11 +5,13 @@ import pytest
 import torch
 from ranks import (
     baseline_gradients,
+    bowl_gradient_target,
     parameter_mixing,
     ps_pushes,
     ps_with_a_silent_worker,
     psp_pushes,
     seeded_vector,
+    servers_with_sgd,
     specsync_run,
     sync_switch_policy_run,
     sync_switch_run,
@@ -111,6 +113,41 @@ def test_parameter_server_strategies_refuse_an_optimizer_they_cannot_run():
         with pytest.raises(DssyncError, match="wrap_optimizer"):
             strategy.setup()
     FakeWorld(1).run(body)
+
+
+SERVER_SGD = [
+    {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 0.05},
+    {"lr": 0.2, "momentum": 0.5, "dampening": 0.3, "weight_decay": 0.01},
+]
+
+
+@pytest.mark.parametrize("sgd", SERVER_SGD)
+@pytest.mark.parametrize(("strategy", "n", "options"), [
+    ("psp", 3, {}),  # c = k, b = 1: synchronous rounds on the mean gradient
+    ("sync-switch", 2, {"switch_at": 1.0}),  # its BSP phase, on the same rounds
+    ("asp", 1, {}),  # one worker: every push is one step of its own
+])
+def test_the_servers_step_as_torch_sgd_with_the_loops_settings(strategy, n, options, sgd):
+    """The oracle: one process, ``torch.optim.SGD`` with the same settings on the mean of the
+    ranks' bowl losses. Weight decay, Nesterov and dampening hold on the servers as in the loop."""
+    numel, steps = 37, 6
+    out = run_ranks(servers_with_sgd, strategy, numel, steps, sgd, options, nproc=n, timeout_s=60)
+    w = out[0][0].clone().requires_grad_(True)
+    targets = torch.stack([bowl_gradient_target(r, numel) for r in range(n)])
+    oracle = torch.optim.SGD([w], **sgd)
+    for _ in range(steps):
+        oracle.zero_grad()
+        (0.5 * ((w - targets) ** 2).sum(1).mean()).backward()
+        oracle.step()
+    for _, final in out:
+        torch.testing.assert_close(final, w.detach(), rtol=1e-5, atol=1e-6)
+    moved_without_decay = out[0][0].clone()  # a server that dropped the weight decay would differ
+    plain = torch.optim.SGD([moved_without_decay.requires_grad_(True)], **dict(sgd, weight_decay=0.0))
+    for _ in range(steps):
+        plain.zero_grad()
+        (0.5 * ((moved_without_decay - targets) ** 2).sum(1).mean()).backward()
+        plain.step()
+    assert not torch.allclose(out[0][1], moved_without_decay.detach(), rtol=1e-5, atol=1e-6)
 
 
 def test_psp_with_every_push_and_every_block_is_synchronous_sgd():

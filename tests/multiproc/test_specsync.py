@@ -56,13 +56,13 @@ def bowl_run(comm, marker: str):
     for ``SLOW_S`` over ``SLOW_STEPS`` iterations, the others for ``FAST_S`` until it is done.
     Returns every iteration's attempts, this rank's shard's log of applied pushes, the start
     and handed-back parameters and the stats."""
-    from dssync.ps import server as ps
+    from dssync.ps.shards import ImmediateShard
     from dssync.strategies import SpecSyncStrategy
     from dssync.strategies.base import StrategyContext
     from dssync.topology import Topology
 
     applied: list[tuple[int, int, int, float, float]] = []  # version, worker, clock, began, done
-    update = ps._Shard.apply
+    update = ImmediateShard.apply
 
     def recorded(shard, worker, clock, grad):
         with shard.cond:  # re-entrant: the update takes it again
@@ -70,7 +70,7 @@ def bowl_run(comm, marker: str):
             update(shard, worker, clock, grad)
             applied.append((shard.version, worker, clock, began, time.monotonic()))
 
-    ps._Shard.apply = recorded
+    ImmediateShard.apply = recorded
 
     n = comm.world_size
     slow = comm.rank == SLOW_RANK
@@ -116,15 +116,16 @@ def bowl_run(comm, marker: str):
 
 def _replay(start: np.ndarray, log: list[tuple[int, int, int, float, float]],
             grads: dict[tuple[int, int], np.ndarray]) -> list[np.ndarray]:
-    """The shard's parameters after each of its updates: SGD with momentum (torch's form,
-    ``b = m b + g; w -= lr b``) in float32, the pushes in the order the shard applied them."""
-    w, buf = start.copy(), np.zeros_like(start)
-    lr, m = np.float32(LR), np.float32(MOMENTUM)
-    states = [w.copy()]
+    """The shard's parameters after each of its updates: SGD with momentum as torch documents
+    it (``b = g`` at the first step, then ``b = m b + g``; ``w -= lr b``), written out here in
+    torch's float32 arithmetic, the pushes in the order the shard applied them."""
+    w, buf = torch.from_numpy(start.copy()), None
+    states = [w.numpy().copy()]
     for _, worker, clock, _, _ in log:
-        buf = m * buf + grads[(worker, clock)]
-        w = w - lr * buf
-        states.append(w.copy())
+        g = torch.from_numpy(grads[(worker, clock)])
+        buf = g.clone() if buf is None else buf.mul_(MOMENTUM).add_(g)
+        w.add_(buf, alpha=-LR)
+        states.append(w.numpy().copy())
     return states
 
 
