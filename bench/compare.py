@@ -24,33 +24,34 @@ from __future__ import annotations
 import math
 import statistics
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dssync.bench.overlap import train_on_cluster
+from dssync.bench.jobs import train_on_cluster
 from dssync.bench.tables import markdown
 from dssync.errors import DssyncError
 from dssync.launch import emulate
-from dssync.training.loop import comm_warmup, first_at_target, per_rank_comm_ms
+from dssync.topology import Topology
+from dssync.training.loop import TrainConfig, comm_warmup, first_at_target, per_rank_comm_ms
 
 __all__ = ["compare", "loss_rows", "loss_table", "markdown_table", "median_with_misses", "parse_variant", "plot",
-           "seed_rows", "seed_table", "split_settings", "summarize", "time_to"]
+           "seed_rows", "seed_table", "split_settings", "summarize", "time_to", "variant_config"]
 
 
 def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = "digits", steps: int = 300,
             repeats: int = 1, seeds: Sequence[int] | None = None, eval_every: int = 10, adjust_every: int = 25,
             model_mb: float = 1.0,
             name: str = "cmp", timeout_s: float = 1800.0, cpu: dict[int, float] | None = None,
-            episodes: Sequence[emulate.Episode] = (), train_args: Sequence[str] = (),
+            episodes: Sequence[emulate.Episode] = (), settings: Mapping[str, Any] | None = None,
             reference: str | None = "ddp", target: float | None = None, stop: bool = True,
             rate_scale: float = 1.0, previous: Sequence[dict[str, Any]] = (),
             progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Train every strategy on every scenario; one ``train --json`` record per run, plus
     ``scenario`` and ``repeat`` (the run's seed). ``seeds`` are the seeds every strategy runs
     (default ``0 .. repeats - 1``): a tuning sweep runs on seeds that a reported comparison does
-    not use. ``train_args`` go to every ``dssync train`` (``--lr``,
-    ``--lr-schedule`` ...). ``cpu`` caps workers' CPU (rank -> cores): stragglers on top of the
+    not use. ``settings`` are ``TrainConfig`` settings of every run (``lr``, ``lr_schedule``
+    ...). ``cpu`` caps workers' CPU (rank -> cores): stragglers on top of the
     scenario's network; ``episodes`` are transient stragglers, the same in every run
     (``emulate.run``). ``stop=False`` runs everything to ``steps`` (no target). ``rate_scale``
     multiplies the scenario's NIC and uplink rates (a small model on few cores needs slower
@@ -81,8 +82,8 @@ def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = 
     done = {(r.get("scenario"), r.get("strategy"), r.get("repeat")): r for r in previous if "error" not in r}
     for scenario in scenarios:
         spec = emulate.SCENARIOS[scenario]
-        common = ["--task", task, "--steps", str(steps), "--eval-every", str(eval_every),
-                  "--rack-sizes", ",".join(map(str, spec["rack_sizes"])), "--model-mb", str(model_mb), *train_args]
+        common = {"task": task, "steps": steps, "eval_every": eval_every, "model_mb": model_mb, **(settings or {}),
+                  "topology": Topology.from_rack_sizes(spec["rack_sizes"]), "probe_first": True}
         nic, uplink = (emulate.format_rate(round(emulate.parse_rate(spec[k]) * rate_scale)) for k in ("nic", "uplink"))
         with emulate.cluster(spec["rack_sizes"], nic=nic, uplink=uplink, name=name), \
                 tempfile.TemporaryDirectory() as tmp:
@@ -90,7 +91,7 @@ def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = 
                 emulate.contend(name=name, flows=spec["flows"], cpu=cpu)
 
             def run(strategy: str, rep: int, goal: float | None, scenario: str = scenario,
-                    common: list[str] = common, tmp: str = tmp) -> None:
+                    common: dict[str, Any] = common, tmp: str = tmp) -> None:
                 kept = done.get((scenario, strategy, rep))
                 if kept is not None and (goal is None or kept.get("target_accuracy") in (None, goal)):
                     records.append(kept)
@@ -122,23 +123,32 @@ def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = 
     return records
 
 
-def _train(cluster: str, out: Path, strategy: str, rep: int, goal: float | None, common: Sequence[str], *,
+def _train(cluster: str, out: Path, strategy: str, rep: int, goal: float | None, common: Mapping[str, Any], *,
            adjust_every: int, timeout_s: float, episodes: Sequence[emulate.Episode]) -> dict[str, Any]:
     """One ``dssync train`` job of ``strategy`` on the cluster, seed ``rep``, stopped at ``goal``
     if given; its record, or ``{"error": ...}`` (one failed job loses neither the others nor itself)."""
-    base, settings = parse_variant(strategy)
-    sets, own = split_settings(settings)
-    from dssync.strategies import having
-
-    args = ["--strategy", base, "--seed", str(rep), *common, *own, *[a for kv in sets for a in ("--set", kv)]]
-    if adjust_every and base in having("adjust_every"):
-        args += ["--adjust-every", str(adjust_every)]
-    if goal is not None:
-        args += ["--target-accuracy", repr(goal)]
     try:
-        return train_on_cluster(cluster, out, args, timeout_s=timeout_s, episodes=episodes)
+        config = variant_config(strategy, common, seed=rep, target_accuracy=goal, adjust_every=adjust_every)
+        return train_on_cluster(cluster, config, out, timeout_s=timeout_s, episodes=episodes)
     except DssyncError as exc:
         return {"error": str(exc)}
+
+
+def variant_config(spec: str, common: Mapping[str, Any], *, adjust_every: int = 0, **run: Any) -> TrainConfig:
+    """The job config of one run of the variant ``spec`` (``parse_variant``): the comparison's
+    ``common`` settings, the variant's own run settings over them (``--OPTION=VALUE``, each a
+    ``TrainConfig`` setting read as its type), the strategy's settings (``KEY=VALUE``, its
+    ``Config``'s), ``adjust_every`` where the strategy regroups online, and ``run`` (the seed,
+    the target). A bad name or value is a ``ValueError`` naming it."""
+    from dssync.strategies import get_strategy, having
+
+    base, settings = parse_variant(spec)
+    sets, own = split_settings(settings)
+    options = get_strategy(base).Config.read(sets, base)
+    if adjust_every and base in having("adjust_every"):
+        options.setdefault("adjust_every", adjust_every)
+    overrides = TrainConfig.read(own, "a run")
+    return TrainConfig(**{**common, **overrides, **run, "strategy": base, "strategy_options": options})
 
 
 def parse_variant(spec: str) -> tuple[str, list[str]]:
@@ -151,11 +161,12 @@ def parse_variant(spec: str) -> tuple[str, list[str]]:
 
 
 def split_settings(settings: Sequence[str]) -> tuple[list[str], list[str]]:
-    """A variant's settings split into the strategy's (``KEY=VALUE``, for ``--set``) and the
-    run's own ``dssync train`` options (``--OPTION=VALUE``, e.g. ``--optimizer=adamw`` or
-    ``--lr=0.001``), which come after the comparison's common ones and so override them."""
+    """A variant's settings split into the strategy's (``KEY=VALUE``, for its ``Config``) and
+    the run's own ``TrainConfig`` settings, written as ``dssync train``'s options
+    (``--OPTION=VALUE``, e.g. ``--optimizer=adamw`` or ``--lr=0.001``), which override the
+    comparison's common ones."""
     sets = [kv for kv in settings if not kv.startswith("--")]
-    own = [part for kv in settings if kv.startswith("--") for part in kv.split("=", 1)]
+    own = [kv for kv in settings if kv.startswith("--")]
     return sets, own
 
 

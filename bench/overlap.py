@@ -19,20 +19,16 @@ from __future__ import annotations
 import statistics
 import tempfile
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from dssync.bench.jobs import train_on_cluster
 from dssync.launch import emulate
+from dssync.topology import Topology
+from dssync.training.loop import TrainConfig
 
-__all__ = ["compare_overlap", "train_on_cluster"]
-
-
-def train_on_cluster(name: str, out: Path, train_args: Sequence[str], *, timeout_s: float,
-                     episodes: Sequence[emulate.Episode] = ()) -> dict[str, Any]:
-    """``dssync emulate run [--episode SPEC ...] -- dssync train ... --json OUT`` on cluster
-    ``name``; its record."""
-    return emulate.run_dssync(name, ["train", "--no-progress", *train_args, "--json", str(out)], out,
-                              timeout_s=timeout_s, episodes=episodes)
+__all__ = ["compare_overlap"]
 
 
 def compare_overlap(rack_sizes: Sequence[int], *, nic: str, uplink: str, flows: Sequence[tuple[str, int]] = (),
@@ -46,8 +42,9 @@ def compare_overlap(rack_sizes: Sequence[int], *, nic: str, uplink: str, flows: 
         raise ValueError(f"bucket_mb must be 0 (one allreduce per layer) or positive, got {bucket_mb}")
     from dssync.strategies import DSSyncStrategy
 
-    common = ["--strategy", DSSyncStrategy.name, "--task", task, "--steps", str(steps), "--batch-size", str(batch_size),
-              "--eval-every", str(steps), "--rack-sizes", ",".join(map(str, rack_sizes))]
+    after_step = TrainConfig(strategy=DSSyncStrategy.name, task=task, steps=steps, batch_size=batch_size,
+                             eval_every=steps, topology=Topology.from_rack_sizes(list(rack_sizes)), probe_first=True)
+    overlap = replace(after_step, strategy_options={"overlap": True, "bucket_mb": bucket_mb})
     runs: list[dict[str, Any]] = []
     with emulate.cluster(list(rack_sizes), nic=nic, uplink=uplink, name=name), \
             tempfile.TemporaryDirectory() as tmp:
@@ -56,9 +53,8 @@ def compare_overlap(rack_sizes: Sequence[int], *, nic: str, uplink: str, flows: 
         for rep in range(reps):
             order = ("after-step", "overlap") if rep % 2 == 0 else ("overlap", "after-step")
             for mode in order:
-                extra = ["--overlap", "--bucket-mb", str(bucket_mb)] if mode == "overlap" else []
-                rec = train_on_cluster(name, Path(tmp) / f"{mode}-{rep}.json", [*common, *extra],
-                                       timeout_s=timeout_s)
+                rec = train_on_cluster(name, overlap if mode == "overlap" else after_step,
+                                       Path(tmp) / f"{mode}-{rep}.json", timeout_s=timeout_s)
                 runs.append({"mode": mode, "rep": rep, "wall_s": rec["wall_s"],
                              "ms_per_iter": 1e3 * rec["wall_s"] / steps,
                              "exposed_comm_ms_per_iter": rec["comm_ms_per_iter"],

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import scipy.optimize
 
-from dssync.bench.overlap import train_on_cluster
+from dssync.bench.jobs import train_on_cluster
 from dssync.bench.simulate import STRATEGIES, Network, rank_times, ring_round, with_contention
 from dssync.bench.tables import markdown
 from dssync.launch import emulate
@@ -225,15 +225,14 @@ def fit_background(samples: Sequence[dict[str, Any]], net: Network) -> dict[str,
 def _job(name: str, tmp: Path, scenario: str, strategy: str, *, seed: int, model_mb: float, steps: int,
          warmup: int, timeout_s: float, topo: Path) -> dict[str, Any]:
     from dssync.strategies import get_strategy
+    from dssync.training.loop import TrainConfig
 
     spec = emulate.SCENARIOS[scenario]
     # a strategy that plans around the network gets the probed topology, the others the racks
-    where = ["--topology", str(topo)] if get_strategy(strategy).probes else \
-        ["--rack-sizes", ",".join(map(str, spec["rack_sizes"]))]
-    rec = train_on_cluster(name, tmp / f"{strategy}-{seed}.json", [
-        "--strategy", strategy, "--task", "synthetic", "--model-mb", str(model_mb), "--seed", str(seed),
-        "--batch-size", "1", "--steps", str(steps), "--eval-every", str(steps), *where,
-    ], timeout_s=timeout_s)
+    topology = Topology.load(topo) if get_strategy(strategy).probes else Topology.from_rack_sizes(spec["rack_sizes"])
+    config = TrainConfig(strategy=strategy, task="synthetic", model_mb=model_mb, seed=seed, batch_size=1, steps=steps,
+                         eval_every=steps, topology=topology, probe_first=True)
+    rec = train_on_cluster(name, config, tmp / f"{strategy}-{seed}.json", timeout_s=timeout_s)
     by_rank = rec["comm_ms_by_rank"]
     return {"scenario": scenario, "strategy": strategy, "seed": seed, "steps": steps, "warmup": warmup,
             "wall_ms": statistics.fmean(rec["wall_ms_samples"][warmup:]),

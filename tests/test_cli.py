@@ -419,3 +419,39 @@ def test_a_second_signal_while_the_interpreter_exits_ends_it_without_a_traceback
     word = "terminated" if sig == signal.SIGTERM else "interrupted"
     assert child.stderr.splitlines() == [f"dssync plan: {word}"], child.stderr
     assert child.returncode == -sig, (child.returncode, child.stderr)
+
+
+def test_train_from_a_job_config_runs_the_job_the_flags_describe(tmp_path):
+    """``--config`` carries every setting as the config's JSON: the run's record holds the same
+    settings, and trains the same model, as the run the flags describe."""
+    from dssync.training.loop import TrainConfig
+
+    flags = ["--strategy", "psp", "--set", "push_quorum=2", "--steps", "30", "--seed", "3", "--lr", "0.2",
+             "--weight-decay", "0.01", "--eval-every", "15", "--rack-sizes", "1,1"]
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps(TrainConfig(
+        strategy="psp", strategy_options={"push_quorum": 2}, steps=30, seed=3, lr=0.2, weight_decay=0.01,
+        eval_every=15, topology=Topology.from_rack_sizes([1, 1]), probe_first=True).to_dict()))
+    by_flags = dssync("train", *flags, "--no-progress", "--json", tmp_path / "a.json")
+    by_config = dssync("train", "--config", job, "--no-progress", "--json", tmp_path / "b.json")
+    assert by_flags.returncode == 0 and by_config.returncode == 0, by_flags.stderr + by_config.stderr
+    a, b = (json.loads((tmp_path / f).read_text()) for f in ("a.json", "b.json"))
+    assert a["config"] == b["config"] and b["config"]["strategy_options"] == {"push_quorum": 2}
+    assert a["world_size"] == b["world_size"] == 2
+    assert b["final_accuracy"] > 0.5  # it trained (chance is 0.10)
+
+
+def test_train_config_refuses_settings_beside_it_and_bad_files(tmp_path, capsys, monkeypatch):
+    from dssync.training.loop import TrainConfig
+
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps(TrainConfig(strategy="ddp").to_dict()))
+    assert_one_line_error(in_process(capsys, monkeypatch, "train", "--config", job, "--lr", "0.3", "--seed", "2"),
+                          "holds every setting of the run; --lr, --seed cannot go with it")
+    assert_one_line_error(in_process(capsys, monkeypatch, "train", "--config", tmp_path / "none.json"),
+                          "none.json: No such file")
+    job.write_text("{not json")
+    assert_one_line_error(in_process(capsys, monkeypatch, "train", "--config", job), "not JSON")
+    job.write_text(json.dumps(dict(TrainConfig(strategy="ddp").to_dict(), steps="many")))
+    assert_one_line_error(in_process(capsys, monkeypatch, "train", "--config", job), "steps must be")
+    assert_one_line_error(in_process(capsys, monkeypatch, "train", "--nproc", "2"), "give --strategy NAME")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -26,15 +27,17 @@ from dssync.strategies import REGISTRY, DSSyncStrategy, get_strategy, having, pr
 from dssync.training.loop import LR_SCHEDULES, OPTIMIZERS, TrainConfig, train
 from dssync.training.tasks import TASKS
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "config_from_args", "config_from_file", "run"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a task with a synchronization strategy",
                        description="Train TASK with STRATEGY. Without a launcher, spawns --nproc "
                        "local ranks; under torchrun (or another launcher) runs one rank.")
-    p.add_argument("--strategy", required=True, metavar="NAME",
-                   help=f"one of: {', '.join(sorted(REGISTRY))}")
+    p.add_argument("--strategy", metavar="NAME", help=f"one of: {', '.join(sorted(REGISTRY))} (or --config)")
+    p.add_argument("--config", metavar="JOB.json",
+                   help="every setting of the run from a job config (the JSON of TrainConfig.to_dict, as "
+                   "the library writes it); only --nproc, --json and --no-progress go with it")
     p.add_argument("--task", default="digits", metavar="TASK", help=f"one of: {', '.join(sorted(TASKS))}")
     p.add_argument("--steps", type=positive_int, default=300)
     p.add_argument("--seed", type=int, default=0)
@@ -95,9 +98,62 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_topology_options(p)
     add_racks_from_option(p, " (ds-sync, when it probes: not with --topology, --rack-sizes or --racks)")
     p.set_defaults(run=run)
+    _DEFAULTS.update(vars(p.parse_args([])))
+
+
+#: ``dssync train``'s defaults: what a run with ``--config`` must leave as they are.
+_DEFAULTS: dict[str, Any] = {}
+#: The options that are the run's own, not the job's settings: they go with ``--config``.
+_RUN_OPTIONS = frozenset({"config", "nproc", "json", "no_progress", "run"})
+
+
+def config_from_file(args: argparse.Namespace) -> TrainConfig:
+    """The job config of ``--config``, with the run's own progress choice; any other setting
+    given beside it is refused (the file holds them all)."""
+    beside = sorted(k for k, v in vars(args).items() if k in _DEFAULTS and k not in _RUN_OPTIONS
+                    and v != _DEFAULTS[k])
+    if beside:
+        flags = ", ".join("--" + k.replace("_", "-") for k in beside)
+        raise ValueError(f"--config {args.config} holds every setting of the run; {flags} cannot go with it "
+                         "(only --nproc, --json and --no-progress can)")
+    try:
+        with open(args.config, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise ValueError(f"--config {args.config}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise ValueError(f"--config {args.config}: not JSON ({exc})") from None
+    cfg = TrainConfig.from_dict(data, source=args.config)
+    return dataclasses.replace(cfg, progress=not args.no_progress and sys.stderr.isatty())
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.config is not None:
+        cfg = config_from_file(args)
+    elif args.strategy is None:
+        raise ValueError("give --strategy NAME (or --config JOB.json)")
+    else:
+        cfg = config_from_args(args)
+    topology = cfg.topology
+    nproc = args.nproc
+    if nproc is None and from_environ() is None and cfg.backend == "torch":
+        nproc = topology.world_size if topology is not None else 8
+    if args.json:
+        check_writable(args.json)  # before training, not after
+    record = train(cfg, nproc=nproc)
+    if record is None:  # a non-zero rank under a launcher
+        return 0
+    if args.json:
+        write_json(args.json, stamp(finite_record(record)))
+    summary = {k: record[k] for k in ("strategy", "task", "world_size", "resumed_from", "steps_run", "final_accuracy",
+                                      "best_accuracy", "wall_s", "per_rank_comm_ms_per_iter",
+                                      "comm_ms_per_iter", "time_to_target_s")}
+    print(json.dumps(summary))
+    return 0
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The run's settings from ``dssync train``'s options, validated once."""
     strategy = get_strategy(args.strategy)
     options = {}
     for flag, key, kind in (("--ensemble", "ensemble", None), ("--swa-start", "swa_start", "swa"),
@@ -121,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--racks-from applies when {names} probes the network: --strategy {names} without "
                          "--topology, --rack-sizes or --racks")
     topology = topology_from_args(args)
-    cfg = TrainConfig(
+    return TrainConfig(
         strategy=args.strategy, task=args.task, steps=args.steps, seed=args.seed,
         batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer, weight_decay=args.weight_decay,
         lr_schedule=args.lr_schedule,
@@ -132,21 +188,6 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress and sys.stderr.isatty(), backend=args.backend,
         device=args.device, checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, stop_after=args.stop_after,
     )
-    nproc = args.nproc
-    if nproc is None and from_environ() is None and args.backend == "torch":
-        nproc = topology.world_size if topology is not None else 8
-    if args.json:
-        check_writable(args.json)  # before training, not after
-    record = train(cfg, nproc=nproc)
-    if record is None:  # a non-zero rank under a launcher
-        return 0
-    if args.json:
-        write_json(args.json, stamp(finite_record(record)))
-    summary = {k: record[k] for k in ("strategy", "task", "world_size", "resumed_from", "steps_run", "final_accuracy",
-                                      "best_accuracy", "wall_s", "per_rank_comm_ms_per_iter",
-                                      "comm_ms_per_iter", "time_to_target_s")}
-    print(json.dumps(summary))
-    return 0
 
 
 def finite_record(record: dict[str, Any]) -> dict[str, Any]:

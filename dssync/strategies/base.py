@@ -33,7 +33,7 @@ from dssync.collectives import Communicator
 from dssync.planning.schedule import Schedule
 from dssync.topology import Topology
 
-__all__ = ["StepsElsewhere", "Strategy", "StrategyContext"]
+__all__ = ["StepsElsewhere", "Strategy", "StrategyContext", "read_settings"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,25 +79,9 @@ class Strategy(ABC):  # noqa: B024 - every hook has a no-op default
 
         @classmethod
         def read(cls, pairs: Sequence[str], owner: str = "this strategy") -> dict[str, Any]:
-            """``["key=value", ...]`` (``dssync train --set``) as settings of this Config, each
-            value read as its field's type (``typing.get_type_hints``; bool: true/false/1/0, float:
-            finite); an unknown key or a bad value is a ``ValueError`` naming the choices."""
-            types = typing.get_type_hints(cls)
-            names = cls.settings()
-            out: dict[str, Any] = {}
-            for pair in pairs:
-                key, sep, text = pair.partition("=")
-                key = key.strip().replace("-", "_")
-                if not sep or key not in names:
-                    raise ValueError(f"--set {pair!r}: {owner} has the settings "
-                                     f"{', '.join(sorted(names)) or '(none)'}; write KEY=VALUE")
-                kind = types[key]
-                try:
-                    out[key] = _READERS[kind](text)
-                except (KeyError, ValueError):
-                    raise ValueError(f"--set {pair!r}: {key} must be of type {kind.__name__}"
-                                     f"{' (a finite number)' if kind is float else ''}") from None
-            return out
+            """``["key=value", ...]`` (``dssync train --set``) as settings of this Config
+            (``read_settings``)."""
+            return read_settings(cls, pairs, owner)
 
     def __init__(self, ctx: StrategyContext, config: Strategy.Config | None = None) -> None:
         self.ctx = ctx
@@ -213,6 +197,30 @@ def _read_float(text: str) -> float:
 
 
 _READERS: dict[type, Callable[[str], Any]] = {bool: _read_bool, int: int, float: _read_float, str: str}
+
+
+def read_settings(cls: type, pairs: Sequence[str], owner: str, flag: str = "--set",
+                  form: str = "KEY=VALUE") -> dict[str, Any]:
+    """``["key=value", ...]`` as settings of the dataclass ``cls``, each value read as its field's
+    type (``typing.get_type_hints``; bool: true/false/1/0, float: finite). Only fields of those
+    plain types can be set; an unknown key or a bad value is a ``ValueError`` naming the choices
+    (``flag`` and ``form`` are how the user writes them)."""
+    types = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init and types.get(f.name) in _READERS}
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip().lstrip("-").replace("-", "_")
+        if not sep or key not in names:
+            raise ValueError(f"{flag} {pair!r}: {owner} has the settings "
+                             f"{', '.join(sorted(names)) or '(none)'}; write {form}")
+        kind = types[key]
+        try:
+            out[key] = _READERS[kind](text)
+        except ValueError:
+            raise ValueError(f"{flag} {pair!r}: {key} must be of type {kind.__name__}"
+                             f"{' (a finite number)' if kind is float else ''}") from None
+    return out
 
 
 class StepsElsewhere(torch.optim.Optimizer):

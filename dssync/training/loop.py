@@ -11,9 +11,11 @@ import math
 import statistics
 import sys
 import time
+import typing
 import warnings
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar, get_type_hints
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +28,7 @@ from dssync.launch.spawn import BACKENDS
 from dssync.planning.schedule import Schedule
 from dssync.probing.probe import probe_across_hosts
 from dssync.strategies import REGISTRY, get_strategy
-from dssync.strategies.base import Strategy, StrategyContext
+from dssync.strategies.base import Strategy, StrategyContext, read_settings
 from dssync.topology import Topology
 from dssync.topology.prior import parse_racks_from
 from dssync.training import checkpoint as ckpt
@@ -96,7 +98,12 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         # unknown names and bad settings fail here, before any process starts
-        object.__setattr__(self, "strategy_config", get_strategy(self.strategy).Config(**self.strategy_options))
+        config = get_strategy(self.strategy).Config
+        unknown = sorted(set(self.strategy_options) - config.settings())
+        if unknown:
+            raise ValueError(f"{self.strategy} has no setting {', '.join(unknown)}; its settings: "
+                             f"{', '.join(sorted(config.settings())) or 'none'}")
+        object.__setattr__(self, "strategy_config", config(**self.strategy_options))
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r}; choose from {', '.join(BACKENDS)}")
         if self.task not in TASKS:
@@ -142,6 +149,92 @@ class TrainConfig:
             resumable = sorted(n for n, c in REGISTRY.items() if c.resumable)
             raise ValueError(f"{self.strategy} cannot be checkpointed yet (its state between iterations is not "
                              f"saved); strategies that can: {', '.join(resumable)}")
+
+
+    @classmethod
+    def read(cls, pairs: Sequence[str], owner: str = "a job") -> dict[str, Any]:
+        """``["lr=0.1", "--weight-decay=0.01", ...]``: settings of this config (a field each, its
+        name as ``dssync train``'s option or as the field), each read as its field's type."""
+        return read_settings(cls, pairs, owner, flag="setting", form="--OPTION=VALUE")
+
+    #: ``to_dict``'s format; ``from_dict`` refuses any other.
+    VERSION: ClassVar[int] = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """This config as JSON holds it: every setting, the topology and schedule in their file
+        formats (``from_dict`` reads it back; ``dssync train --config`` takes it)."""
+        out: dict[str, Any] = {"version": self.VERSION}
+        for f in fields(self):
+            if not f.init:
+                continue
+            value = getattr(self, f.name)
+            if f.name in ("topology", "schedule") and value is not None:
+                value = value.to_dict()
+            elif f.name == "strategy_options":
+                value = dict(value)
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "job config") -> TrainConfig:
+        """The config ``to_dict`` wrote. Every value must have its field's type; an unknown or
+        missing key, a wrong type or a bad setting is a ``ValueError`` naming it."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{source}: a job config is a JSON object, got {type(data).__name__}")
+        if data.get("version") != cls.VERSION:
+            raise ValueError(f'{source}: "version" must be {cls.VERSION}, got {data.get("version")!r}')
+        hints = get_type_hints(cls)
+        known = {f.name for f in fields(cls) if f.init}
+        unknown = sorted(set(data) - known - {"version"})
+        if unknown:
+            raise ValueError(f"{source}: unknown settings {unknown}; a job config holds {sorted(known)}")
+        if "strategy" not in data:
+            raise ValueError(f'{source}: "strategy" is missing')
+        kwargs: dict[str, Any] = {}
+        for name in set(data) & known:
+            value = data[name]
+            if name == "topology" and value is not None:
+                value = Topology.from_dict(_object(value, name, source), source=f"{source}: topology")
+            elif name == "schedule" and value is not None:
+                value = Schedule.from_dict(_object(value, name, source), source=f"{source}: schedule")
+            elif name == "strategy_options":
+                value = dict(_object(value, name, source))
+                strategy = data["strategy"]
+                options = get_type_hints(get_strategy(strategy).Config) if strategy in REGISTRY else {}
+                for key, setting in value.items():
+                    if key in options and not _has_type(setting, options[key]):
+                        raise ValueError(f"{source}: {strategy}'s {key} must be {_type_name(options[key])}, "
+                                         f"got {setting!r}")
+                    if key in options and options[key] is float:
+                        value[key] = float(setting)
+            elif not _has_type(value, hints[name]):
+                raise ValueError(f"{source}: {name} must be {_type_name(hints[name])}, got {value!r}")
+            kwargs[name] = float(value) if hints[name] in (float, float | None) and value is not None else value
+        return cls(**kwargs)
+
+
+def _object(value: Any, name: str, source: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{source}: {name} must be a JSON object, got {value!r}")
+    return value
+
+
+def _type_name(hint: Any) -> str:
+    """``int``, ``float | None``: a field's type as the user reads it."""
+    return getattr(hint, "__name__", None) or str(hint)
+
+
+def _has_type(value: Any, hint: Any) -> bool:
+    """Whether a JSON value fits a plain field type (``int``, ``float``, ``str``, ``bool``, or
+    one of them or ``None``); a JSON integer is a float too, a bool is neither."""
+    kinds = set(typing.get_args(hint)) or {hint}
+    if value is None:
+        return type(None) in kinds
+    if isinstance(value, bool):
+        return bool in kinds
+    if isinstance(value, int):
+        return bool({int, float} & kinds)
+    return any(isinstance(value, k) for k in kinds if isinstance(k, type) and k is not type(None))
 
 
 LR_SCHEDULES = ("constant", "cosine")

@@ -82,9 +82,6 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    import contextlib
-    import io
-
     from rich.console import Console
 
     from dssync.bench.compare import (
@@ -92,15 +89,12 @@ def run_compare(args: argparse.Namespace) -> int:
         loss_rows,
         loss_table,
         markdown_table,
-        parse_variant,
         plot,
         seed_rows,
         seed_table,
-        split_settings,
         summarize,
+        variant_config,
     )
-    from dssync.cli import build_parser
-    from dssync.strategies import get_strategy
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     if args.tuned:
@@ -121,27 +115,15 @@ def run_compare(args: argparse.Namespace) -> int:
         except ValueError:
             raise ValueError(f"--seeds takes comma-separated integers, got {args.seeds!r}") from None
     for s in strategies:  # unknown names and bad settings fail here, before any network is built
-        name, settings = parse_variant(s)
-        sets, own = split_settings(settings)
-        config = get_strategy(name).Config
-        config(**config.read(sets, name))
-        if own:  # the run's own train options: parsed as dssync train would, so a typo fails now
-            said = io.StringIO()
-            try:
-                with contextlib.redirect_stderr(said):
-                    build_parser().parse_args(["train", "--strategy", name, *own])
-            except SystemExit:
-                why = said.getvalue().strip().splitlines()[-1:] or ["not dssync train options"]
-                raise ValueError(f"{s}: {' '.join(own)}: {why[0].removeprefix('dssync train: ')}") from None
+        variant_config(s, {"task": args.task})
     scenarios = [s.strip() for s in args.scenario.split(",") if s.strip()]
     from dssync.launch.emulate import parse_cpu_limit, parse_episode
 
     cpu = dict(parse_cpu_limit(text) for text in args.cpu)
     episodes = [parse_episode(text) for text in args.episode]
     eval_every, warmup = eval_and_warmup(args)
-    train_args = ["--lr", repr(args.lr), "--lr-schedule", args.lr_schedule, "--warmup-steps", str(warmup),
-                  "--batch-size", str(args.batch_size), "--optimizer", args.optimizer,
-                  "--weight-decay", repr(args.weight_decay)]
+    settings = {"lr": args.lr, "lr_schedule": args.lr_schedule, "warmup_steps": warmup,
+                "batch_size": args.batch_size, "optimizer": args.optimizer, "weight_decay": args.weight_decay}
     reference = None if args.no_stop or args.target_accuracy is not None else args.reference
     if reference is not None and reference not in strategies:
         raise ValueError(f"--reference {reference} must be one of --strategies (or give --target-accuracy)")
@@ -170,7 +152,7 @@ def run_compare(args: argparse.Namespace) -> int:
 
     records = compare(scenarios, strategies, task=args.task, steps=args.steps, repeats=args.repeats, seeds=seeds,
                       eval_every=eval_every, adjust_every=args.adjust_every, model_mb=args.model_mb, cpu=cpu,
-                      episodes=episodes, train_args=train_args, reference=reference,
+                      episodes=episodes, settings=settings, reference=reference,
                       target=args.target_accuracy, stop=not args.no_stop, rate_scale=args.rate_scale,
                       previous=previous, progress=report)
     rows = summarize(records, reference=args.reference)
