@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import math
 
+from dssync._text import read_finite
 from dssync.errors import TopologyError
 from dssync.planning.schedule import Schedule
 from dssync.topology import Topology
@@ -17,12 +17,9 @@ __all__ = ["add_racks_from_option", "add_topology_options", "finite_float", "fra
 def finite_float(text: str) -> float:
     """An argparse type: a finite number (``nan`` and ``inf`` are refused)."""
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
-    return value
+        return read_finite(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def positive_float(text: str) -> float:

@@ -18,7 +18,6 @@ call the ``_before_step`` / ``_after_step`` hooks that subclasses implement.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 import typing
 from abc import ABC
@@ -29,6 +28,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from dssync._text import read_bool, read_finite
 from dssync.collectives import Communicator
 from dssync.planning.schedule import Schedule
 from dssync.topology import Topology
@@ -183,20 +183,7 @@ class Strategy(ABC):  # noqa: B024 - every hook has a no-op default
         return None
 
 
-def _read_bool(text: str) -> bool:
-    if text.lower() not in ("true", "false", "1", "0"):
-        raise ValueError(text)
-    return text.lower() in ("true", "1")
-
-
-def _read_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(text)
-    return value
-
-
-_READERS: dict[type, Callable[[str], Any]] = {bool: _read_bool, int: int, float: _read_float, str: str}
+_READERS: dict[type, Callable[[str], Any]] = {bool: read_bool, int: int, float: read_finite, str: str}
 
 
 def read_settings(cls: type, pairs: Sequence[str], owner: str, flag: str = "--set",
