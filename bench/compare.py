@@ -35,7 +35,7 @@ from dssync.launch import emulate
 from dssync.topology import Topology
 from dssync.training.loop import TrainConfig, comm_warmup, first_at_target, per_rank_comm_ms
 
-__all__ = ["compare", "loss_rows", "loss_table", "markdown_table", "median_with_misses", "parse_variant", "plot",
+__all__ = ["compare", "loss_rows", "loss_table", "markdown_table", "median_with_misses", "parse_variant", "plan_rows", "plan_table", "plot",
            "seed_rows", "seed_table", "split_settings", "summarize", "time_to", "variant_config"]
 
 
@@ -224,6 +224,45 @@ def loss_table(rows: Sequence[dict[str, Any]]) -> str:
           _fmt(r["iterations_to_loss"], ".0f"), _fmt(r["updates_to_loss"], ".0f"), _fmt(r["time_to_loss_s"], ".1f"),
           f"{r['final_loss']:.3f}", _fmt(r.get("aborts_per_run"), ".0f"), _fmt(r.get("resyncs_sent_per_run"), ".0f")]
          for r in rows])
+
+
+def plan_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per run of a strategy that regroups online, how still its plan held: its schedule
+    changes after the initial plan (step, slow uplinks, slow NICs, pace), how many came after
+    the first one (the first contention event), and every link it ever flagged that the
+    scenario's background does not load (``emulate.scenario_contention``, the ground truth).
+    Runs whose records carry no flags (before the record kept them) count ``None``."""
+    rows = []
+    for r in records:
+        changes = r.get("schedule_changes") or []
+        regroups = (r.get("config") or {}).get("strategy_options", {}).get("adjust_every")
+        if "error" in r or not regroups or r.get("scenario") not in emulate.SCENARIOS:
+            continue  # a failed run, or one whose plan never changes online
+        truth_uplinks, truth_nics = emulate.scenario_contention(emulate.SCENARIOS[r["scenario"]])
+        later = [c for c in changes if c.get("step", 0) > 0]
+        known = all("uplinks" in c for c in changes)
+        clear = None
+        if known:
+            clear = sorted({f"uplink {u}" for c in changes for u in c["uplinks"] if u not in truth_uplinks}
+                           | {f"NIC {i}" for c in changes for i in c["nics"] if i not in truth_nics})
+        rows.append({"scenario": r["scenario"], "strategy": r["strategy"], "seed": r.get("repeat"),
+                     "changes": [{k: c.get(k) for k in ("step", "uplinks", "nics", "pace")} for c in later],
+                     "after_first": max(0, len(later) - 1), "clear_links_flagged": clear})
+    return rows
+
+
+def plan_table(rows: Sequence[dict[str, Any]]) -> str:
+    """``plan_rows`` as markdown: one row per run."""
+    def change(c: dict[str, Any]) -> str:
+        if c.get("uplinks") is None:
+            return f"{c['step']}"
+        return f"{c['step']}: up {c['uplinks']}, NIC {c['nics']}, pace {c['pace']}"
+
+    return markdown(["scenario", "strategy", "seed", "schedule changes (step: flags, pace)", "after the first",
+                     "clear links flagged"],
+                    [[r["scenario"], r["strategy"], r["seed"], "; ".join(map(change, r["changes"])) or "none",
+                      r["after_first"], "n/a" if r["clear_links_flagged"] is None
+                      else ", ".join(r["clear_links_flagged"]) or "none"] for r in rows])
 
 
 def rank_comm_ms(record: dict[str, Any]) -> float | None:

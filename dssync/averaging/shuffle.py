@@ -52,7 +52,7 @@ class Shuffle:
         self.pace = 1
         self.last: Sensed | None = None  # the previous window's answer (``regroup.settle``)
         self.records: list[Record] = []
-        self.changes: list[dict[str, Any]] = [{"step": 0, "reason": "initial", "schedule": self.schedule.to_dict()}]
+        self.changes: list[dict[str, Any]] = [self._change(0, "initial")]
 
     def setup(self) -> None:
         """Check that every rank holds the same schedule, then create its groups (collective)."""
@@ -122,8 +122,15 @@ class Shuffle:
         parts = ([f"slow uplinks {uplinks}, slow NICs {nics}"] if uplinks or nics else []) + \
             ([f"racks exchange every {pace} rounds"] if pace > 1 else [])
         reason = ", ".join(parts) or "contention cleared"
-        self.changes.append({"step": next_step, "reason": reason, "schedule": schedule.to_dict()})
+        self.changes.append(self._change(next_step, reason))
         return True
+
+    def _change(self, step: int, reason: str) -> dict[str, Any]:
+        """A schedule change as the run's record keeps it: when, why, the schedule, and the
+        slow uplinks (racks), slow NICs (ranks) and pace it was planned for."""
+        uplinks, nics = self.contention
+        return {"step": step, "reason": reason, "schedule": self.schedule.to_dict(), "uplinks": sorted(uplinks),
+                "nics": sorted(nics), "pace": self.pace}
 
     # -- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -234,3 +234,27 @@ def test_a_resumed_comparison_runs_only_what_the_interrupted_one_had_not(monkeyp
 
     stamped = stamp(records, {"commit": "now"})
     assert [r["provenance"]["commit"] for r in stamped] == ["before", "before", "before", "now"]
+
+
+def test_plan_rows_count_the_changes_after_the_first_and_name_clear_links_flagged():
+    """three-rack's background loads rack 0's uplink and nothing else (its ground truth)."""
+    from dssync.bench.compare import plan_rows, plan_table
+
+    def change(step, uplinks, nics, pace):
+        return {"step": step, "reason": "x", "schedule": {}, "uplinks": uplinks, "nics": nics, "pace": pace}
+
+    def record(strategy, seed, changes, adjust_every=25):
+        return {"scenario": "three-rack", "strategy": strategy, "repeat": seed,
+                "config": {"strategy_options": {"adjust_every": adjust_every} if adjust_every else {}},
+                "schedule_changes": [change(0, [], [], 1), *changes]}
+
+    steady = record("ds-sync", 0, [change(50, [0], [], 1), change(100, [0], [], 2)])
+    flappy = record("ds-sync", 1, [change(50, [0], [], 2), change(75, [0], [4], 1), change(100, [0], [], 2),
+                                   change(150, [0, 1], [], 1)])
+    rows = plan_rows([steady, flappy, record("ddp", 0, [], adjust_every=0), {"error": "died", "scenario": "x"}])
+    assert [(r["seed"], r["after_first"], r["clear_links_flagged"]) for r in rows] == [
+        (0, 1, []), (1, 3, ["NIC 4", "uplink 1"])]
+    table = plan_table(rows)
+    assert "75: up [0], NIC [4], pace 1" in table and "| NIC 4, uplink 1 |" in table
+    old = record("ds-sync", 2, [{"step": 50, "reason": "x", "schedule": {}}])  # a record before the flags were kept
+    assert plan_rows([old])[0]["clear_links_flagged"] is None

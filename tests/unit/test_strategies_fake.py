@@ -198,13 +198,14 @@ def test_regroup_switches_every_rank_at_the_same_step_and_relaxes():
         assert not strategy.regroup(60)  # one calm window keeps the flag
         strategy.shuffle.records = _timed_records(comm.rank, paired, 20, slow_rank=-1, start=60)
         assert strategy.regroup(80)
-        return paired.digest(), [(c["step"], c["reason"]) for c in strategy.schedule_changes()], \
-            strategy.schedule.digest()
+        return paired.digest(), [(c["step"], c["reason"], c["uplinks"], c["nics"], c["pace"])
+                                 for c in strategy.schedule_changes()], strategy.schedule.digest()
 
     out = FakeWorld(8).run(body)
     assert len({o[0] for o in out}) == 1 and len({o[2] for o in out}) == 1
     steps_reasons = out[0][1]
-    assert steps_reasons == [(0, "initial"), (40, "slow uplinks [], slow NICs [4]"), (80, "contention cleared")]
+    assert steps_reasons == [(0, "initial", [], [], 1), (40, "slow uplinks [], slow NICs [4]", [], [4], 1),
+                             (80, "contention cleared", [], [], 1)]
     assert out[0][2] == static_plan(topo).digest()
 
 
@@ -223,11 +224,11 @@ def test_regroup_paces_the_racks_when_the_cross_rack_group_is_the_bottleneck():
             strategy.shuffle.records = _timed_records(comm.rank, paced_plan, 20, slow_rank=-1, start=start)
             changed = strategy.regroup(start + 20)
             assert changed == (start == 60)
-        return [(c["step"], c["reason"]) for c in strategy.schedule_changes()], paced_plan.digest(), \
+        return [(c["step"], c["reason"], c["pace"]) for c in strategy.schedule_changes()], paced_plan.digest(), \
             strategy.schedule.digest()
 
     out = FakeWorld(8).run(body)
-    assert out[0][0] == [(0, "initial"), (40, "racks exchange every 4 rounds"), (80, "contention cleared")]
+    assert out[0][0] == [(0, "initial", 1), (40, "racks exchange every 4 rounds", 4), (80, "contention cleared", 1)]
     assert {o[1] for o in out} == {plan(topo, pace=4).digest()}
     assert {o[2] for o in out} == {static_plan(topo).digest()}
 

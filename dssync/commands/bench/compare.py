@@ -89,6 +89,8 @@ def run_compare(args: argparse.Namespace) -> int:
         loss_rows,
         loss_table,
         markdown_table,
+        plan_rows,
+        plan_table,
         plot,
         seed_rows,
         seed_table,
@@ -163,6 +165,11 @@ def run_compare(args: argparse.Namespace) -> int:
             seed_table(seed_rows(records, reference=args.reference), reference=args.reference)
     if args.target_loss is not None:
         table += "\n\n" + loss_table(loss_rows(records, args.target_loss))
+    plans = plan_rows(records)
+    if plans:
+        table += ("\n\nHow still each online plan held: its schedule changes after the initial plan, how many "
+                  "came after the first contention event, and any link it flagged that the scenario leaves "
+                  "clear:\n\n") + plan_table(plans)
     report_records(table, records, args)
     if args.plot:
         plot(records, rows, args.plot, reference=args.reference)
