@@ -16,6 +16,7 @@ static-4-4-4           --rack-sizes 4,4,4
 uplink0-4-4-4          --rack-sizes 4,4,4 --slow-uplinks 0
 uplink1-4-4-4          --rack-sizes 4,4,4 --slow-uplinks 1
 uplink2-4-4-4          --rack-sizes 4,4,4 --slow-uplinks 2
+static-3-3-3           --rack-sizes 3,3,3
 uplink0-3-3-3          --rack-sizes 3,3,3 --slow-uplinks 0
 nics01-3-3             --rack-sizes 3,3 --slow-nics 0,1
 nics123-4-4            --rack-sizes 4,4 --slow-nics 1,2,3
