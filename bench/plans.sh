@@ -4,7 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=bench/results/plans.txt
-: > "$out"
+# provenance first: the commit, the command, the date and the cores of every schedule below
+echo "# \`bash bench/plans.sh\` at commit $(git rev-parse --short HEAD), $(date -u +%FT%TZ), $(nproc) cores (the schedules: plans/*.json)" > "$out"
+echo >> "$out"
 while read -r name args; do
     [[ -z "$name" || "$name" == \#* ]] && continue
     echo "\$ dssync plan $args --out bench/results/plans/$name.json" >> "$out"

@@ -113,8 +113,6 @@ class PartialServer:
         self.links = ShardLinks(comm, flat.numel(), self._serve, f"rank {self.rank}'s parameter-server shard",
                                 self.timeout_s)
         self.bounds = self.links.bounds
-        self._socks = self.links.socks
-        self._client_timeout_s = self.links.client_timeout_s
         self.versions = [0] * n
         # Client side: a receiver per shard stages the newest block; push_pull copies them in.
         self._staged = [np.zeros(b - a, dtype=np.float32) for a, b in self.bounds]
@@ -205,7 +203,7 @@ class PartialServer:
 
     # -- client side ------------------------------------------------------------------------
     def _receive(self, shard: int) -> None:
-        sock = self._socks[shard]
+        sock = self.links.socks[shard]
         incoming = np.empty_like(self._staged[shard])
         while True:
             try:
@@ -245,8 +243,8 @@ class PartialServer:
     def _wait(self, ready: Callable[[], bool], what: str, late: Callable[[], list[int]], waited_for: str) -> None:
         """Wait (``_fresh`` held) until ``ready()``; a receiver's failure or the timeout raises,
         naming this rank and the shards still ``late()``."""
-        if not self._fresh.wait_for(lambda: ready() or self._failure is not None, timeout=self._client_timeout_s):
-            raise CommunicationError(f"rank {self.rank}: {what}: waited {self._client_timeout_s:.0f} s for "
+        if not self._fresh.wait_for(lambda: ready() or self._failure is not None, timeout=self.links.client_timeout_s):
+            raise CommunicationError(f"rank {self.rank}: {what}: waited {self.links.client_timeout_s:.0f} s for "
                                      f"{waited_for}; shards {late()} sent none")
         if self._failure is not None:
             raise CommunicationError(f"rank {self.rank}: {what}: {self._failure}")
@@ -269,7 +267,7 @@ class PartialServer:
         shard = -1
         t0 = time.perf_counter()
         try:
-            for shard, (sock, payload) in enumerate(zip(self._socks, views, strict=True)):  # noqa: B007
+            for shard, (sock, payload) in enumerate(zip(self.links.socks, views, strict=True)):  # noqa: B007
                 sock.sendall(HEADER.pack(Op.PUSHPULL, self.rank, pushed[shard], 0, payload.nbytes) + payload)
         except OSError as exc:
             raise CommunicationError(f"rank {self.rank}: push at iteration {clock} to the shard of rank {shard} "
@@ -282,7 +280,7 @@ class PartialServer:
         with self._fresh:
             before = list(self._pull_replies)
         try:
-            for sock in self._socks:
+            for sock in self.links.socks:
                 sock.sendall(HEADER.pack(Op.PULL, self.rank, -1, 0, 0))
         except OSError as exc:
             raise CommunicationError(f"rank {self.rank}: pull: {exc or type(exc).__name__}") from None
@@ -299,7 +297,7 @@ class PartialServer:
         idle ones cannot make."""
         op = Op.IDLE if idle else Op.ACTIVE
         try:
-            for sock in self._socks:
+            for sock in self.links.socks:
                 sock.sendall(HEADER.pack(op, self.rank, -1, 0, 0))
         except OSError as exc:
             raise CommunicationError(f"rank {self.rank}: telling the shards it is "
@@ -325,12 +323,10 @@ class PartialServer:
         self.comm.barrier()
 
     def momentum(self) -> np.ndarray:
-        with self.shard.lock:
-            return self.shard.sgd.momentum()
+        return self.shard.sgd.momentum()
 
     def set_momentum(self, buffer: np.ndarray) -> None:
-        with self.shard.lock:
-            self.shard.sgd.set_momentum(buffer)
+        self.shard.sgd.set_momentum(buffer)
 
     def stats(self) -> dict[str, object]:
         """This rank's shard: rounds closed, the workers each applied, stale pushes dropped,

@@ -202,12 +202,10 @@ class ParameterServer:
         return None
 
     def momentum(self) -> np.ndarray:
-        with self.shard.lock:
-            return self.shard.sgd.momentum()
+        return self.shard.sgd.momentum()
 
     def set_momentum(self, buffer: np.ndarray) -> None:
-        with self.shard.lock:
-            self.shard.sgd.set_momentum(buffer)
+        self.shard.sgd.set_momentum(buffer)
 
     def stats(self) -> dict[str, object]:
         return self.shard.stats()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -31,9 +32,11 @@ class ShardSGD:
     """``torch.optim.SGD`` over one shard's parameters (a float32 numpy array, updated in place).
 
     ``sgd`` are ``torch.optim.SGD``'s keyword arguments (``lr``, ``momentum``, ``dampening``,
-    ``weight_decay``, ``nesterov``, ``maximize``)."""
+    ``weight_decay``, ``nesterov``, ``maximize``). ``lock`` is the shard's: a step runs under
+    it (the rule takes it), and reading or taking over the momentum takes it here."""
 
-    def __init__(self, params: np.ndarray, **sgd: Any) -> None:
+    def __init__(self, params: np.ndarray, lock: AbstractContextManager[Any], **sgd: Any) -> None:
+        self.lock = lock
         self.param = torch.from_numpy(params)  # shares the array's memory
         self.optimizer = torch.optim.SGD([self.param], **sgd)
 
@@ -47,12 +50,14 @@ class ShardSGD:
 
     def momentum(self) -> np.ndarray:
         """A copy of the momentum buffer (zeros before the first step, as SGD's own start)."""
-        buf = self.optimizer.state[self.param].get("momentum_buffer")
-        return np.zeros_like(self.param.numpy()) if buf is None else buf.numpy().copy()
+        with self.lock:
+            buf = self.optimizer.state[self.param].get("momentum_buffer")
+            return np.zeros_like(self.param.numpy()) if buf is None else buf.numpy().copy()
 
     def set_momentum(self, buffer: np.ndarray) -> None:
         """Take over a momentum buffer (a predecessor's, before this shard's first step)."""
-        self.optimizer.state[self.param]["momentum_buffer"] = torch.from_numpy(np.array(buffer, dtype=np.float32))
+        with self.lock:
+            self.optimizer.state[self.param]["momentum_buffer"] = torch.from_numpy(np.array(buffer, dtype=np.float32))
 
 
 class ImmediateShard:
@@ -61,13 +66,13 @@ class ImmediateShard:
     def __init__(self, params: np.ndarray, num_workers: int, *, sgd: dict[str, Any], staleness: int | None,
                  timeout_s: float) -> None:
         self.params = params
-        self.sgd = ShardSGD(params, **sgd)
+        self.lock = threading.RLock()  # what every reader and writer of the shard holds
+        self.cond = threading.Condition(self.lock)
+        self.sgd = ShardSGD(params, self.lock, **sgd)
         self.version = 0
         self.clocks = [0] * num_workers
         self.staleness = staleness
         self.timeout_s = timeout_s
-        self.lock = threading.RLock()  # what every reader and writer of the shard holds
-        self.cond = threading.Condition(self.lock)
 
     def apply(self, worker: int, clock: int, grad: np.ndarray) -> None:
         """One step on ``worker``'s gradient of iteration ``clock``; its clock becomes ``clock + 1``."""
@@ -104,7 +109,8 @@ class RoundShard:
     def __init__(self, params: np.ndarray, num_workers: int, *, sgd: dict[str, Any], quorum: int,
                  tau1_s: float, on_round: Callable[[np.ndarray, int], None]) -> None:
         self.params = params
-        self.sgd = ShardSGD(params, **sgd)
+        self.lock = threading.Lock()
+        self.sgd = ShardSGD(params, self.lock, **sgd)
         self.k, self.quorum, self.tau1_s = num_workers, quorum, tau1_s
         self.version = 0
         self.sum = np.zeros_like(params)
@@ -114,7 +120,6 @@ class RoundShard:
         self._timer_round = -1
         self.dropped = 0
         self.joined_by_round: list[list[int]] = []  # the workers each closed round applied
-        self.lock = threading.Lock()
         self.on_round = on_round
 
     def push(self, worker: int, version: int, grad: np.ndarray) -> None:
