@@ -238,6 +238,10 @@ def _child(rank: int, world_size: int, init_method: str, timeout_s: float,
            environ: dict[str, str] | None = None, cwd: str | None = None, stdio: Any = None) -> None:
     # ``stdio`` has already taken the job's stdout and stderr in unpickling (``_Stdio``).
     die_with_parent(parent)
+    # Named for ps and top ("dssync rank 2"), where every rank is otherwise one more python.
+    with contextlib.suppress(OSError):
+        with open("/proc/self/comm", "w") as comm_file:
+            comm_file.write(f"dssync rank {rank}"[:15])
     if environ is not None:  # the fork server's were the job's when the server started
         os.environ.clear()
         os.environ.update(environ)

@@ -33,6 +33,19 @@ def _ranks(parent: int) -> list[int]:
     return sorted(pid for server in servers for pid, _ in _children(server))
 
 
+def _rank_pid(parent: int, rank: int) -> int | None:
+    """The pid of the job's rank ``rank``, which names itself ``dssync rank N``. (Not the
+    N-th smallest pid: pids wrap around during a long suite, and a later rank may get a
+    smaller one.)"""
+    for pid in _ranks(parent):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == f"dssync rank {rank}":
+                return pid
+        except OSError:
+            continue
+    return None
+
+
 def _as_from_a_terminal() -> None:
     """In the job's process before it runs dssync: SIGINT handled by default, as in a job
     started at a terminal that Ctrl-C can stop. A suite started in the background by a
@@ -147,8 +160,9 @@ def _wait_gone(pids: list[int], seconds: float = 15) -> list[int]:
 @pytest.mark.parametrize("strategy", ["ds-sync", "ddp", "allreduce", "asp", "psp", "sync-switch"])
 def test_a_killed_rank_is_named_and_the_job_ends(strategy, nothing_left):
     proc, ranks = nothing_left("--strategy", strategy)
+    rank2 = _await(lambda: _rank_pid(proc.pid, 2), proc, "rank 2 to name itself")
     killed_at = time.monotonic()
-    os.kill(ranks[2], signal.SIGKILL)
+    os.kill(rank2, signal.SIGKILL)
     try:
         _, err = proc.communicate(timeout=120)
     finally:
