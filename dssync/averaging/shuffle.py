@@ -100,9 +100,15 @@ class Shuffle:
         self.records = []
         racks = [self.topology.rack_of(r) for r in range(self.comm.world_size)]
         now: Sensed = (sense_contention(window, racks, self.nbytes, current=self.contention),
-                       cross_rack_pace(window, racks, current=self.pace, max_pace=self.max_pace))
+                       cross_rack_pace(window, racks, current=self.pace, max_pace=self.max_pace,
+                                       slow_racks=self.contention[0]))
         before, self.last = self.last, now
         sensed, pace = settle((self.contention, self.pace), before, now)
+        if sensed != tuple(self.contention):
+            # One decision at a time: these windows ran the plan for the flags in force, so
+            # the pace they ask for is that plan's; a plan for new flags is paced, if at all,
+            # from windows that ran it.
+            pace = self.pace
         if sensed == tuple(self.contention) and pace == self.pace:
             return False
         uplinks, nics = sensed
@@ -119,6 +125,7 @@ class Shuffle:
             return False
         self.comm.register_groups(schedule.distinct_groups())
         self.schedule, self.start = schedule, next_step
+        self.last = None  # the next change needs two windows of this plan
         parts = ([f"slow uplinks {uplinks}, slow NICs {nics}"] if uplinks or nics else []) + \
             ([f"racks exchange every {pace} rounds"] if pace > 1 else [])
         reason = ", ".join(parts) or "contention cleared"

@@ -12,19 +12,25 @@ transfer, so a group's figure is the *shortest* time any member recorded, turned
 effective bandwidth ``2 (n - 1) / n * bytes / seconds`` (the ring allreduce's lower bound:
 each rank sends and receives ``2 (n - 1) / n`` of the bytes) so groups of different sizes compare.
 
-The rules are the prober's, applied to groups instead of pairs:
+A group is as fast as its slowest link, so the rules judge each link on the groups that
+crossed it against the groups that did not, and a group through a link already found slow
+is evidence about that link only (``_slow_links``):
 
-* **NIC of rank i**: its best intra-rack group of the window (a group whose members are all
-  in its rack). A healthy worker has at least one group that did not include a slow
-  rack-mate; a worker whose NIC is shared is slow in every group it joins. Slow means
-  below ``slow_ratio`` times the median of the other workers' best.
-* **Uplink of rack r**: the best of the cross-rack groups that include a member of rack r,
-  slow by the same rule against the other racks. Under the static plan every cross-rack
-  group holds every rack, so all racks score alike and no uplink can be singled out from
-  timings alone: a slow uplink is then known only from the topology (``dssync probe``), and
-  is confirmed or cleared online once the adjusted plan pairs that rack apart: the other
-  racks' representatives then meet in a group without it (three racks or more; with two,
-  every cross-rack group holds both, and the flag stays as the topology gave it).
+* **NIC of rank i**: its intra-rack groups (all members in its rack). It is slow when its
+  median group *and* its best group fall below ``slow_ratio`` of the groups it was not in
+  (their median; for the best, the best of as many of them, ``best_of``, so a rank the plan
+  left five groups is not held to another's best of twenty). A healthy worker has groups
+  without a slow rack-mate; a worker whose NIC is shared is slow in every group it joins.
+  Of several slow ranks, the one whose best group is slowest is taken first and its groups
+  set aside: a rack-mate the plan always put with it then has nothing left against it.
+* **Uplink of rack r**: the cross-rack groups that include a member of rack r, judged by
+  their best against the best of as many cross-rack groups without rack r, and without the
+  groups of a slow NIC. Under the static plan every cross-rack group holds every rack, so
+  no uplink can be singled out from timings alone; the probe rounds
+  (``planner.with_uplink_probes``) pair one rack apart now and then so that the others meet
+  without it (three racks or more; with two, every cross-rack group holds both, and the flag
+  stays as the topology gave it). NICs are judged first: while a window changes the NICs,
+  it keeps the uplinks as they are.
 
 **Pace** (``cross_rack_pace``, dssync's extension, see ``planner.paced``): when the
 cross-rack groups are the slowest groups of the window, by their median against every
@@ -32,22 +38,30 @@ rank's median intra-rack group, racks exchange every ``k``-th round, ``k`` the s
 pace at which the cross-rack group's extra time, spread over ``k`` rounds, is at most one
 intra-rack group's time: ``ceil(t_cross / t_intra - 1)``, capped at ``max_pace``.
 
-**Two windows in a row** (``settle``): one window's answer changes nothing by itself. A flag
-is set when two windows in a row find its link slow and cleared when two in a row find it
-clear; the pace leaves 1 when two windows in a row ask for more (to the smaller of the two)
-and returns to 1 when two in a row ask for 1. On the emulated cluster (eight ranks and the
-background flows' iperf3 sharing two cores) a clear worker descheduled through a whole
-window came out slow, and its flag hid the slow cross-rack group that the same window
-should have paced; the plan then switched twice for nothing. A contention that persists
-costs one window more before the plan reacts; one that flickers costs nothing.
+**Hysteresis.** Every decision needs evidence that persists, and clearing needs more than
+setting:
 
-Contention that goes away shows as fast groups again, so the next windows' answers drop
-it and the plan relaxes. A NIC the plan already isolates is judged by its *median* group of
-the window, not its best: once paired apart, it is in a group of its own every round, so
-its typical group is a fair measure and no other member's wait hides in it. Its best of
-some twenty pairs, on a link it shares with TCP streams, is a lucky moment; judging by it
-cleared the flag after one window on the emulated cluster, and the plan flapped between
-the two every window.
+* A link is set slow below ``slow_ratio`` (0.6) of the others and cleared only once it
+  measures at least ``CLEAR_RATIO`` (0.8) of them by its *median* group: the plan isolates
+  a flagged link, so its typical group is a fair measure, while its best of some twenty
+  groups on a link it shares with TCP streams is a lucky moment. Between the two, the flag
+  stays as it is.
+* A link with fewer than ``MIN_GROUPS`` groups in the window is not judged and keeps its
+  flag. The adjusted plan for three racks of three left two ranks one to four intra-rack
+  groups a window, and their best of two flagged them slow in every recorded run.
+* A paced plan returns to every round only once the racks' link measures clear (above),
+  never by the ratio that set the pace: pacing itself lowers that ratio (fewer cross-rack
+  groups, larger rack-local ones), and re-asking by it flapped the pace 1, 2, 1, 2 every two
+  windows on the emulated three-rack cluster.
+* **Two windows in a row** (``settle``): a flag is set when two windows in a row find its
+  link slow and cleared when neither does; the pace leaves 1 when two in a row ask for more
+  and returns to 1 when two in a row find the link clear. ``Shuffle`` counts the two
+  windows from the plan in force (a window of the previous plan measured other groups), and
+  changes the flags before the pace: windows that ran the plan for other flags do not
+  pace the new one.
+
+The rules were chosen against the recorded timings of ten three-rack runs and against
+closed-loop runs on synthetic windows at this machine's noise (tests/unit/test_regroup_traces.py).
 """
 
 from __future__ import annotations
@@ -56,12 +70,16 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 
-from dssync.topology.contention import slow_keys
 from dssync.topology.matrices import DEFAULT_SLOW_RATIO
 
-__all__ = ["Record", "Sensed", "cross_rack_pace", "group_bandwidths", "sense_contention", "settle"]
+__all__ = ["CLEAR_RATIO", "MIN_GROUPS", "Record", "Sensed", "cross_rack_pace", "group_bandwidths", "sense_contention", "settle"]
 
 Record = tuple[int, tuple[int, ...], float]
+#: A flagged link clears only once it measures at least this fraction of the others (it is
+#: flagged below ``DEFAULT_SLOW_RATIO``): between the two, the flag stays as it is.
+CLEAR_RATIO = 0.8
+#: Groups a link needs in a window to be judged in it; fewer keep its flag as it is.
+MIN_GROUPS = 5
 #: One window's answer, or the plan's assumption: ((slow uplinks, slow NICs), pace).
 Sensed = tuple[tuple[list[int], list[int]], int]
 
@@ -82,51 +100,133 @@ def group_bandwidths(records: Iterable[Record], nbytes: int) -> dict[tuple[int, 
 
 def sense_contention(records: Iterable[Record], racks: Sequence[int], nbytes: int, *,
                      current: tuple[Sequence[int], Sequence[int]] = ((), ()),
-                     slow_ratio: float = DEFAULT_SLOW_RATIO) -> tuple[list[int], list[int]]:
+                     slow_ratio: float = DEFAULT_SLOW_RATIO, clear_ratio: float = CLEAR_RATIO,
+                     min_groups: int = MIN_GROUPS) -> tuple[list[int], list[int]]:
     """``(racks with a slow uplink, ranks with a slow NIC)`` from one window of records.
 
-    ``current`` is what the plan assumes now; a flag the window cannot judge (a rank with
-    no intra-rack group in it, a rack that was in every cross-rack group) is kept as is.
+    ``current`` is what the plan assumes now. A link not flagged is slow below
+    ``slow_ratio`` of the others; a flagged one stays slow until it measures at least
+    ``clear_ratio`` of them (``_flagged``). A group with a flagged NIC is evidence about
+    that NIC only. A link the window cannot judge keeps its flag as it is: a rank with
+    fewer than ``min_groups`` intra-rack groups of such evidence in the window, a rack with
+    fewer than ``min_groups`` cross-rack groups, or a rack that was in every cross-rack group.
     """
+    held_nics, held_uplinks = set(current[1]), set(current[0])
     bandwidth = group_bandwidths(records, nbytes)
-    best_intra: dict[int, float] = {}
-    all_intra: dict[int, list[float]] = {}
-    best_cross: dict[int, float] = {}
-    crossing: list[set[int]] = []  # the racks of each cross-rack group
-    for (_, group), bw in bandwidth.items():
-        in_racks = {racks[r] for r in group}
-        if len(in_racks) == 1:
-            for r in group:
-                best_intra[r] = max(best_intra.get(r, 0.0), bw)
-                all_intra.setdefault(r, []).append(bw)
-        else:
-            crossing.append(in_racks)
-            for rack in in_racks:
-                best_cross[rack] = max(best_cross.get(rack, 0.0), bw)
-    for i in current[1]:
-        if i in all_intra:
-            best_intra[i] = statistics.median(all_intra[i])
-    nics = set(slow_keys(best_intra, slow_ratio)) if len(best_intra) > 2 else set()
-    nics |= {i for i in current[1] if i not in best_intra}
-    uplinks = set(slow_keys(best_cross, slow_ratio)) if len(best_cross) > 1 else set()
-    uplinks |= {r for r in current[0] if all(r in seen for seen in crossing)}
+    intra = [(set(group), bw) for (_, group), bw in bandwidth.items() if len({racks[r] for r in group}) == 1]
+    nics = _slow_links(intra, held_nics, slow_ratio, clear_ratio, min_groups, by_best=False)
+    if nics != held_nics:
+        return sorted(held_uplinks), sorted(nics)  # NICs first: their groups would blur the uplinks'
+    crossing = [{racks[r] for r in group} for (_, group) in bandwidth if len({racks[r] for r in group}) > 1]
+    hidden = {rack for rack in set(racks) if crossing and all(rack in seen for seen in crossing)}
+    cross = [(seen - hidden, bw) for (_, group), bw in bandwidth.items()
+             if len(seen := {racks[r] for r in group}) > 1 and not nics.intersection(group)]
+    uplinks = _slow_links(cross, held_uplinks, slow_ratio, clear_ratio, min_groups, by_best=True)
     return sorted(uplinks), sorted(nics)
 
 
+def _slow_links(evidence: list[tuple[set[int], float]], held: set[int], slow_ratio: float, clear_ratio: float,
+                min_groups: int, *, by_best: bool) -> set[int]:
+    """The slow links by the window's groups, each ``(the links it crossed, bandwidth)``.
+
+    A group is as fast as its slowest link, so a group through a slow link is evidence
+    about that link only: a rack-mate the plan pairs with a slow NIC looks slow too. Each
+    link is judged on its groups against the groups it was not in (``_scores``), both
+    without the groups of the links already found slow. The links already flagged
+    (``held``) are judged first; a held link clears only once it measures clear. A link
+    not held is slow when both its typical and its best group are (unless ``by_best``,
+    when its best alone is the measure): on this machine's noise either one alone now and
+    then found a clear rank slow two windows running. Then, of the rest that are slow, the
+    one whose best group is slowest is flagged (of links whose
+    groups are mostly the same, as a paced plan's rack-local rounds put a slow NIC with
+    the same mates every time, the slow one is the one never fast), its groups are set
+    aside in turn, and the rest are judged again, until none is slow. A link with fewer
+    than ``min_groups`` groups, or fewer groups it was not in, is not judged (a held one
+    keeps its flag).
+    """
+    explained, found = set(held), set()
+    kept: set[int] | None = None
+    while True:
+        scores = _scores(evidence, explained, held, min_groups, by_best=by_best)
+        if kept is None:
+            kept = {k for k in held if k not in scores or scores[k] < clear_ratio}
+        best = scores if by_best else _scores(evidence, explained, set(), min_groups, by_best=True)
+        slow = [k for k, score in scores.items()
+                if k not in held | found and score < slow_ratio and best.get(k, 0.0) < slow_ratio]
+        if not slow:
+            return kept | found
+        found.add(min(slow, key=lambda k: (best.get(k, 0.0), scores[k], k)))
+        explained |= found
+
+
+def _scores(evidence: list[tuple[set[int], float]], explained: set[int], held: set[int], min_groups: int, *,
+            by_best: bool) -> dict[int, float]:
+    """Each link's bandwidth over that of the groups it was not in, leaving out the groups
+    of the ``explained`` (slow) links but a link's own; a link with fewer than
+    ``min_groups`` groups of its own is not scored, nor one with fewer than three others
+    where their median is the measure (one suffices for their best).
+
+    A held (flagged) link, and any link unless ``by_best``, is scored by its median group
+    against the others' median: the typical group is a fair measure once a slow link's
+    groups are set aside, and a busy link's best of some twenty groups is a lucky moment
+    (judging a flagged NIC by its best cleared it after one window on the emulated cluster,
+    and the plan flapped). ``by_best`` (uplinks, whose fast groups are the probe rounds'
+    few by design) scores a link not held by its best group against the best of as many of
+    the others' groups (``best_of``), so a link with five groups in a window is not held to
+    the best of another's twenty.
+    """
+    mine: dict[int, list[float]] = {}
+    for links, bw in evidence:
+        for k in links:
+            if not (explained - {k}) & links:
+                mine.setdefault(k, []).append(bw)
+    out = {}
+    for k, own in mine.items():
+        others = [bw for links, bw in evidence if k not in links and not explained & links]
+        typical = k in held or not by_best
+        if len(own) < min_groups or len(others) < (3 if typical else 1):
+            continue
+        if typical:
+            reach, value = statistics.median(others), statistics.median(own)
+        else:
+            reach, value = best_of(others, len(own)), max(own)
+        out[k] = value / reach if reach > 0 else math.inf
+    return out
+
+
+def best_of(values: Sequence[float], m: int) -> float:
+    """The median best of ``m`` of ``values`` drawn at random without replacement (the best
+    of all when ``m`` is as many or more): the smallest value that is at least the draw's
+    best with probability one half, the ``i``-th smallest of ``n`` being so with
+    probability ``C(i, m) / C(n, m)``."""
+    ordered, n = sorted(values), len(values)
+    if m >= n:
+        return ordered[-1]
+    total = math.comb(n, m)
+    return next(x for i, x in enumerate(ordered, start=1) if 2 * math.comb(i, m) >= total)
+
+
 def cross_rack_pace(records: Iterable[Record], racks: Sequence[int], *, current: int = 1,
-                    max_pace: int = 4) -> int:
+                    max_pace: int = 4, clear_ratio: float = CLEAR_RATIO, slow_racks: Sequence[int] = ()) -> int:
     """How many rounds apart the racks should exchange, from one window of records.
 
     ``t_cross`` is the median time of the window's cross-rack groups, ``t_intra`` that of its
     intra-rack groups (each group's time its last arrival's, as in ``group_bandwidths``).
-    The cross-rack groups pace the job only if they are slower than every rank's median
-    intra-rack group (a slow NIC's pair can be slower still; then pacing the racks gains
-    nothing). Then the pace is ``ceil(t_cross / t_intra - 1)`` within ``[1, max_pace]``.
+    At every round (``current`` 1), the cross-rack groups pace the job only if they are
+    slower than every rank's median intra-rack group (a slow NIC's pair can be slower still;
+    then pacing the racks gains nothing). Then the pace is ``ceil(t_cross / t_intra - 1)``
+    within ``[1, max_pace]``.
 
-    Once paced, the cross-rack group runs less often and often faster, so the ratio drops:
-    a pace above 1 is kept until the window asks for 1, when the cross-rack groups
-    are no longer the slowest or no slower than twice the intra-rack ones, so the plan does
-    not flap between paces. A window without both kinds of groups keeps ``current``.
+    Once paced, the windows measure another plan: its cross-rack groups run less often and
+    its rack-local rounds hold larger groups, so ``t_cross / t_intra`` drops although the
+    link is as slow as before, and asking again by the same rule flapped between paces 1 and
+    2 every two windows on the emulated cluster. So a paced plan returns to every round only
+    once the racks' link measures clear: the cross-rack groups' median effective bandwidth
+    (``group_bandwidths``, comparable across group sizes) at least ``clear_ratio`` of the
+    intra-rack groups'; where the plan flags slow uplinks (``slow_racks``), the cross-rack
+    groups through them, since those set the round (the others cross clear uplinks). Until then it keeps its pace: stepping down by the same biased
+    ratio would drift to 2 whatever the link. A window without both kinds of groups keeps
+    ``current``.
     """
     shortest: dict[tuple[int, tuple[int, ...]], float] = {}
     for step, group, seconds in records:
@@ -137,23 +237,27 @@ def cross_rack_pace(records: Iterable[Record], racks: Sequence[int], *, current:
         if len(group) < 2:
             continue
         if len({racks[r] for r in group}) > 1:
-            cross.append(seconds)
+            cross.append((len(group), seconds, bool({racks[r] for r in group} & set(slow_racks))))
         else:
-            intra.append(seconds)
+            intra.append((len(group), seconds))
             for r in group:
                 by_rank.setdefault(r, []).append(seconds)
     if max_pace <= 1:
         return 1
     if not cross or not intra:
         return min(current, max_pace)
-    t_cross, t_intra = statistics.median(cross), statistics.median(intra)
-    bottleneck = t_cross > max(statistics.median(v) for v in by_rank.values())
-    target = 1
-    if bottleneck and t_intra > 0:
-        target = max(1, min(max_pace, math.ceil(t_cross / t_intra - 1 - 1e-9)))
-    if current > 1 and target > 1:
-        return current
-    return target
+    if current > 1:
+        slowest = [(n, t) for n, t, through_slow in cross if through_slow] or [(n, t) for n, t, _ in cross]
+        return 1 if _rate(slowest) >= clear_ratio * _rate(intra) else min(current, max_pace)
+    t_cross, t_intra = statistics.median(t for _, t, _ in cross), statistics.median(t for _, t in intra)
+    if t_intra <= 0 or t_cross <= max(statistics.median(v) for v in by_rank.values()):
+        return 1  # the cross-rack groups are not the bottleneck
+    return max(1, min(max_pace, math.ceil(t_cross / t_intra - 1 - 1e-9)))
+
+
+def _rate(groups: list[tuple[int, float]]) -> float:
+    """The median effective bandwidth, per byte, of ``(members, seconds)`` groups."""
+    return statistics.median(2 * (n - 1) / n / t if t > 0 else math.inf for n, t in groups)
 
 
 def settle(in_force: Sensed, before: Sensed | None, now: Sensed) -> Sensed:
@@ -163,7 +267,7 @@ def settle(in_force: Sensed, before: Sensed | None, now: Sensed) -> Sensed:
     A flag not in force is set when both windows have it; a flag in force is cleared when
     neither has it. The pace leaves 1 when both windows ask for more (the smaller of their
     two paces) and goes back to 1 when both ask for 1. ``before`` is ``None`` at the first
-    window of a run: nothing changes yet.
+    window of a plan: nothing changes yet.
     """
     if before is None:
         return in_force
