@@ -66,13 +66,15 @@ closed-loop runs on synthetic windows at this machine's noise (tests/unit/test_r
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections.abc import Iterable, Sequence
 
 from dssync.topology.matrices import DEFAULT_SLOW_RATIO
 
-__all__ = ["CLEAR_RATIO", "MIN_GROUPS", "Record", "Sensed", "cross_rack_pace", "group_bandwidths", "sense_contention", "settle"]
+__all__ = ["CLEAR_RATIO", "MIN_GROUPS", "Record", "Sensed", "best_of", "cross_rack_pace", "effective_bandwidth", "group_bandwidths",
+           "group_times", "sense_contention", "settle"]
 
 Record = tuple[int, tuple[int, ...], float]
 #: A flagged link clears only once it measures at least this fraction of the others (it is
@@ -84,18 +86,26 @@ MIN_GROUPS = 5
 Sensed = tuple[tuple[list[int], list[int]], int]
 
 
-def group_bandwidths(records: Iterable[Record], nbytes: int) -> dict[tuple[int, tuple[int, ...]], float]:
-    """``{(step, group): effective bytes/s}``, the group's time being its last arrival's."""
+def group_times(records: Iterable[Record]) -> dict[tuple[int, tuple[int, ...]], float]:
+    """``{(step, group): seconds}`` of the groups of two or more: a group's time is its last
+    arrival's, the shortest any member recorded (the others also waited for it)."""
     shortest: dict[tuple[int, tuple[int, ...]], float] = {}
     for step, group, seconds in records:
-        key = (int(step), tuple(sorted(group)))
-        shortest[key] = min(shortest.get(key, float("inf")), float(seconds))
-    out = {}
-    for (step, group), seconds in shortest.items():
-        n = len(group)
-        if n >= 2 and seconds > 0:
-            out[step, group] = 2 * (n - 1) / n * nbytes / seconds
-    return out
+        if len(group) >= 2:
+            key = (int(step), tuple(sorted(group)))
+            shortest[key] = min(shortest.get(key, math.inf), float(seconds))
+    return shortest
+
+
+def effective_bandwidth(members: int, seconds: float, nbytes: float = 1.0) -> float:
+    """A ring allreduce's bytes per second on each link: ``2(n-1)/n`` of the payload in ``seconds``."""
+    return 2 * (members - 1) / members * nbytes / seconds if seconds > 0 else math.inf
+
+
+def group_bandwidths(records: Iterable[Record], nbytes: int) -> dict[tuple[int, tuple[int, ...]], float]:
+    """``{(step, group): effective bytes/s}`` (``effective_bandwidth`` of ``group_times``)."""
+    return {(step, group): effective_bandwidth(len(group), seconds, nbytes)
+            for (step, group), seconds in group_times(records).items() if seconds > 0}
 
 
 def sense_contention(records: Iterable[Record], racks: Sequence[int], nbytes: int, *,
@@ -202,8 +212,8 @@ def best_of(values: Sequence[float], m: int) -> float:
     ordered, n = sorted(values), len(values)
     if m >= n:
         return ordered[-1]
-    total = math.comb(n, m)
-    return next(x for i, x in enumerate(ordered, start=1) if 2 * math.comb(i, m) >= total)
+    total = math.comb(n, m)  # the chance grows with i: bisect, a window holds thousands of groups
+    return ordered[bisect.bisect_left(range(1, n + 1), True, key=lambda i: 2 * math.comb(i, m) >= total)]
 
 
 def cross_rack_pace(records: Iterable[Record], racks: Sequence[int], *, current: int = 1,
@@ -228,14 +238,8 @@ def cross_rack_pace(records: Iterable[Record], racks: Sequence[int], *, current:
     ratio would drift to 2 whatever the link. A window without both kinds of groups keeps
     ``current``.
     """
-    shortest: dict[tuple[int, tuple[int, ...]], float] = {}
-    for step, group, seconds in records:
-        key = (int(step), tuple(sorted(group)))
-        shortest[key] = min(shortest.get(key, float("inf")), float(seconds))
     cross, intra, by_rank = [], [], {}
-    for (_, group), seconds in shortest.items():
-        if len(group) < 2:
-            continue
+    for (_, group), seconds in group_times(records).items():
         if len({racks[r] for r in group}) > 1:
             cross.append((len(group), seconds, bool({racks[r] for r in group} & set(slow_racks))))
         else:
@@ -257,7 +261,7 @@ def cross_rack_pace(records: Iterable[Record], racks: Sequence[int], *, current:
 
 def _rate(groups: list[tuple[int, float]]) -> float:
     """The median effective bandwidth, per byte, of ``(members, seconds)`` groups."""
-    return statistics.median(2 * (n - 1) / n / t if t > 0 else math.inf for n, t in groups)
+    return statistics.median(effective_bandwidth(n, t) for n, t in groups)
 
 
 def settle(in_force: Sensed, before: Sensed | None, now: Sensed) -> Sensed:
