@@ -99,16 +99,27 @@ def _proof(secret: bytes, nonce: bytes, worker: int) -> bytes:
     return hmac.new(secret, b"dssync-job" + nonce + struct.pack("!H", worker), hashlib.sha256).digest()
 
 
-def _admit(conn: socket.socket, secret: bytes, count: int) -> int | str:
+def _admit(conn: socket.socket, secret: bytes, count: int) -> int | str | None:
     """The server's half of the handshake: a fresh nonce out, ``(worker, HMAC(secret, nonce,
-    worker))`` back within ``HANDSHAKE_S``. Returns the worker, or why the peer was refused."""
+    worker))`` back within ``HANDSHAKE_S``. Returns the worker, or why the peer was refused,
+    or ``None`` when it closed the connection before sending a byte: a worker whose process
+    died while it connected, which its own side and its peers report (a second line here
+    would only blur that error), and which moved nothing."""
     nonce = secrets.token_bytes(_NONCE)
+    buf = bytearray(2 + 32)
+    got = 0
     try:
         conn.settimeout(HANDSHAKE_S)
         conn.sendall(nonce)
-        buf = bytearray(2 + 32)
-        recv_exact(conn, memoryview(buf))
+        view = memoryview(buf)
+        while got < len(buf):
+            n = conn.recv_into(view[got:])
+            if n == 0:
+                raise ConnectionError("connection closed")
+            got += n
     except (OSError, ConnectionError) as exc:
+        if got == 0 and isinstance(exc, ConnectionError):
+            return None
         return f"no credentials ({exc or 'timed out'})"
     (worker,) = struct.unpack("!H", buf[:2])
     if not hmac.compare_digest(bytes(buf[2:]), _proof(secret, nonce, worker)):
@@ -136,7 +147,8 @@ def accept_each(listener: socket.socket, count: int, serve: Callable[[socket.soc
     """Accept connections on ``listener`` until ``count`` of them have proven they hold the
     job's ``secret`` (a challenge and an HMAC, before any byte of a model moves), each served by
     ``serve`` from a daemon thread of its own added to ``threads``; then close the listener.
-    A connection that fails the handshake is dropped and logged, and takes no worker's place.
+    A connection that fails the handshake is dropped and logged (one closed before it sent a
+    byte only dropped: ``_admit``), and takes no worker's place.
     Stops early when the listener times out or is closed."""
     admitted = 0
     lock = threading.Lock()
@@ -145,6 +157,10 @@ def accept_each(listener: socket.socket, count: int, serve: Callable[[socket.soc
     def handle(conn: socket.socket) -> None:
         nonlocal admitted
         worker = _admit(conn, secret, count)
+        if worker is None:
+            with contextlib.suppress(OSError):
+                conn.close()
+            return
         if isinstance(worker, str):
             refuse(conn, name, worker)
             return

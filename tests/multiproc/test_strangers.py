@@ -5,6 +5,7 @@ wrong secret; the job's own workers still all get in, and no stranger gets a byt
 challenge nonce or takes a worker's place."""
 
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -98,3 +99,21 @@ def test_a_wrong_secret_or_worker_out_of_range_is_refused_and_the_job_goes_on(ca
     assert served == [0]
     err = capfd.readouterr().err
     assert "wrong credentials" in err and "worker 7 out of range 0..0" in err
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+def test_a_peer_gone_before_a_word_is_dropped_without_a_line(how, capfd):
+    # A worker killed while it connects: its own side and its peers report the death; the
+    # server drops the connection quietly and still admits the job's workers.
+    port, served, accept = _server(count=1)
+    gone = socket.create_connection(("127.0.0.1", port), timeout=5)
+    if how == "reset":  # an abortive close, as the kernel does for a killed process with unread data
+        gone.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    gone.close()
+    sock = connect(("127.0.0.1", port), 5, "worker 0", secret=SECRET, worker=0)
+    sock.sendall(HEADER.pack(Op.PULL, 0, 0, 0, 0))
+    assert sock.recv(64) == b"model bytes"
+    sock.close()
+    accept.join(timeout=30)
+    assert served == [0]
+    assert "dropped a connection" not in capfd.readouterr().err
