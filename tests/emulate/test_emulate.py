@@ -368,15 +368,15 @@ def test_a_job_past_its_timeout_is_killed_and_the_message_names_the_worker_it_wa
         out = io.StringIO()
         started = time.time()
         code = emulate.run(["sh", "-c", 'if [ "$RANK$OMPI_COMM_WORLD_RANK" = 0 ]; then exit 0; fi; '
-                            f'touch {up}; exec sleep 600'], name=name, out=out, timeout_s=20, launcher=launcher)
+                            f'touch {up}; exec sleep 600'], name=name, out=out, timeout_s=10, launcher=launcher)
         left = [p for r in range(2) for p in subprocess.run(["ip", "netns", "pids", c.worker_ns(r)],
                                                               capture_output=True, text=True).stdout.split()]
     said = [line for line in out.getvalue().splitlines() if line.startswith("[emulate]")]
     assert code == 124 and left == [], (code, left, out.getvalue())
-    assert len(said) == 1 and "within 20 s" in said[0], out.getvalue()
-    up_before_timeout = up.exists() and up.stat().st_mtime < started + 19
+    assert len(said) == 1 and "within 10 s" in said[0], out.getvalue()
+    up_before_timeout = up.exists() and up.stat().st_mtime < started + 9
     if launcher == "direct":
-        assert up_before_timeout, "a copy started directly took 19 s to start"
+        assert up_before_timeout, "a copy started directly took 9 s to start"
         assert said[0].endswith("still running: w1"), said
         return
     # the launcher's daemon and the sleeping rank on worker 1; on worker 0 at most the daemon

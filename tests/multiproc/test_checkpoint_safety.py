@@ -142,14 +142,15 @@ def test_a_damaged_rank_file_is_a_one_line_error_naming_it(layout, damage):
     assert (layout / "victim" / "precious.txt").read_text() == "keep me\n"
 
 
-def _train_error(checkpoint: Path) -> str:
-    """The message of the error ``TRAIN`` with ``--checkpoint checkpoint`` ends in, run in this process."""
+def _train_error(checkpoint: Path, **settings) -> str:
+    """The message of the error ``TRAIN`` (or ``settings`` instead of its steps) with
+    ``--checkpoint checkpoint`` ends in, run in this process."""
     from dssync.errors import DssyncError
     from dssync.training.loop import TrainConfig, train
 
+    config = {"steps": 40, "eval_every": 40, **settings}
     with pytest.raises(DssyncError) as err:
-        train(TrainConfig(strategy="ds-sync", task="digits", steps=40, eval_every=40, checkpoint=str(checkpoint)),
-              nproc=2)
+        train(TrainConfig(strategy="ds-sync", task="digits", checkpoint=str(checkpoint), **config), nproc=2)
     return str(err.value)
 
 
@@ -208,8 +209,8 @@ def test_saving_removes_only_its_own_step_folders_never_a_link(tmp_path):
     d.mkdir()
     (d / "step4").symlink_to(victim, target_is_directory=True)  # in the way of the save at step 4
     everything = snapshot(tmp_path, skip=tmp_path / "nothing")
-    proc = dssync(*train_args(8), "--checkpoint", "d", "--checkpoint-every", "4", cwd=tmp_path)
-    assert_one_line_error(proc, "rank 0", str(Path("d") / "step4"), "is in the way")
+    message = _train_error(d, steps=8, eval_every=8, checkpoint_every=4)  # in this process, as above
+    assert "rank 0" in message and str(d / "step4") in message and "is in the way" in message, message
     assert snapshot(tmp_path, skip=tmp_path / "nothing") == everything
 
 
@@ -283,11 +284,11 @@ def _kill_during_a_save(cmd: list[str], cwd: Path, c: Path, rng: random.Random, 
     left = {p.name for p in c.iterdir()} if c.exists() else set()  # by the last kill: not this run's
     with open(log, "w") as err:
         proc = subprocess.Popen(["nice", "-n", "10", *cmd], cwd=cwd, stdout=subprocess.DEVNULL, stderr=err)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300  # a hang guard: a reniced job's start can take minutes on a loaded machine
     try:
         while True:
             assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before its save of step {due}"
-            assert time.monotonic() < deadline, "no save began within 120 s"
+            assert time.monotonic() < deadline, "no save began within 300 s"
             steps = [int(p.name[4:]) for p in c.iterdir() if STEP_FOLDER.fullmatch(p.name) and p.name not in left] \
                 if c.exists() else []
             begun = max(max(steps, default=0), _named(c))
