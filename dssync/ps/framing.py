@@ -107,19 +107,18 @@ def _admit(conn: socket.socket, secret: bytes, count: int) -> int | str | None:
     would only blur that error), and which moved nothing."""
     nonce = secrets.token_bytes(_NONCE)
     buf = bytearray(2 + 32)
-    got = 0
     try:
         conn.settimeout(HANDSHAKE_S)
         conn.sendall(nonce)
-        view = memoryview(buf)
-        while got < len(buf):
-            n = conn.recv_into(view[got:])
-            if n == 0:
-                raise ConnectionError("connection closed")
-            got += n
-    except (OSError, ConnectionError) as exc:
-        if got == 0 and isinstance(exc, ConnectionError):
+        if conn.recv_into(memoryview(buf)[:1]) == 0:
             return None
+    except ConnectionError:  # reset (or the nonce refused) before a byte came back
+        return None
+    except OSError as exc:
+        return f"no credentials ({exc or 'timed out'})"
+    try:
+        recv_exact(conn, memoryview(buf)[1:])
+    except OSError as exc:  # ConnectionError included: it closed partway
         return f"no credentials ({exc or 'timed out'})"
     (worker,) = struct.unpack("!H", buf[:2])
     if not hmac.compare_digest(bytes(buf[2:]), _proof(secret, nonce, worker)):

@@ -58,6 +58,14 @@ def _server(count):
     return listener.getsockname()[1], served, accept
 
 
+def _pull_as_worker_0(port):
+    """Worker 0 of the job gets in and is served."""
+    sock = connect(("127.0.0.1", port), 5, "worker 0", secret=SECRET, worker=0)
+    sock.sendall(HEADER.pack(Op.PULL, 0, 0, 0, 0))
+    assert sock.recv(64) == b"model bytes"
+    sock.close()
+
+
 @pytest.mark.parametrize("kind", ["silent", "garbage", "http", "header"])
 def test_a_stranger_that_connects_first_gets_nothing_and_takes_no_place(kind, capfd):
     port, served, accept = _server(count=2)
@@ -91,10 +99,7 @@ def test_a_wrong_secret_or_worker_out_of_range_is_refused_and_the_job_goes_on(ca
         connect(("127.0.0.1", port), 5, "an impostor", secret=b"x" * 32, worker=0)
     with pytest.raises(CommunicationError, match="handshake failed"):
         connect(("127.0.0.1", port), 5, "worker 7", secret=SECRET, worker=7)
-    sock = connect(("127.0.0.1", port), 5, "worker 0", secret=SECRET, worker=0)
-    sock.sendall(HEADER.pack(Op.PULL, 0, 0, 0, 0))
-    assert sock.recv(64) == b"model bytes"
-    sock.close()
+    _pull_as_worker_0(port)
     accept.join(timeout=30)
     assert served == [0]
     err = capfd.readouterr().err
@@ -110,10 +115,7 @@ def test_a_peer_gone_before_a_word_is_dropped_without_a_line(how, capfd):
     if how == "reset":  # an abortive close, as the kernel does for a killed process with unread data
         gone.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     gone.close()
-    sock = connect(("127.0.0.1", port), 5, "worker 0", secret=SECRET, worker=0)
-    sock.sendall(HEADER.pack(Op.PULL, 0, 0, 0, 0))
-    assert sock.recv(64) == b"model bytes"
-    sock.close()
+    _pull_as_worker_0(port)
     accept.join(timeout=30)
     assert served == [0]
     assert "dropped a connection" not in capfd.readouterr().err
