@@ -14,6 +14,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -100,6 +101,9 @@ class _TorchWork:
             tensor, factor = self._scale
             tensor.mul_(factor)
 
+
+#: The point-to-point tag of ``barrier``'s tokens, apart from every tag callers use.
+_BARRIER_TAG = 0x7FFF_0001
 
 #: Process groups one communicator may create. Groups are cached for the whole job
 #: (torch.distributed cannot free one cheaply), and online regrouping adds new ones.
@@ -209,13 +213,32 @@ class TorchCommunicator(Communicator):
         return out
 
     def barrier(self) -> None:
-        try:
-            dist.monitored_barrier(timeout=datetime.timedelta(seconds=self.timeout_s)) \
-                if dist.get_backend() == "gloo" else dist.barrier()
-        except RuntimeError as exc:
-            raise CommunicationError(
-                f"{self._describe('barrier', None)} failed: {_first_line(exc)}"
-            ) from None
+        """Every rank waits until all have arrived. On gloo, rank 0 takes a token from each
+        rank in turn, then releases them all, so the rank that never arrives is the one named;
+        torch's ``monitored_barrier`` does the same but also logs its error to stderr from C++,
+        a second line beside the one the job reports."""
+        describe = self._describe("barrier", None)
+        if dist.get_backend() != "gloo":
+            self._blocking("barrier", None, lambda pg: dist.barrier(group=pg, async_op=True))
+            return
+        deadline = time.monotonic() + self.timeout_s
+        token = torch.zeros(1)
+
+        def wait(op: Any, peer: int, what: str) -> None:
+            left = datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001))
+            try:
+                op(token, peer, tag=_BARRIER_TAG).wait(timeout=left)
+            except RuntimeError as exc:
+                raise CommunicationError(f"{describe} failed: {what}: {_first_line(exc)}") from None
+
+        if self.rank == 0:
+            for peer in range(1, self.world_size):
+                wait(dist.irecv, peer, f"rank {peer} did not arrive")
+            for peer in range(1, self.world_size):
+                wait(dist.isend, peer, f"rank {peer} was not released")
+        else:
+            wait(dist.isend, 0, "rank 0 did not take this rank's arrival")
+            wait(dist.irecv, 0, "rank 0 did not release this rank")
 
     def process_group(self, group: Group | None) -> Any:
         """The cached ``ProcessGroup`` for ``group`` (``None`` is the world)."""

@@ -62,6 +62,25 @@ def straggle_in_group(comm, sleep_s: float):
     return "done"
 
 
+def late_to_barriers(comm, lateness: list[dict[int, float]]):
+    """One barrier per entry of ``lateness``: each rank sleeps its time there, then notes
+    when it arrived at the barrier and when it left it."""
+    seen = []
+    for late in lateness:
+        time.sleep(late.get(comm.rank, 0.0))
+        arrived = time.monotonic()
+        comm.barrier()
+        seen.append((arrived, time.monotonic()))
+    return seen
+
+
+def die_while_the_others_wait_at_a_barrier(comm, bad_rank: int):
+    if comm.rank == bad_rank:
+        time.sleep(0.5)
+        os._exit(3)
+    comm.barrier()
+
+
 def two_schedules(comm):
     topo = Topology.from_rack_sizes([2, 2])
     schedule = static_plan(topo) if comm.rank != 2 else static_plan(Topology.from_rack_sizes([1, 3]))

@@ -5,7 +5,9 @@ import torch
 from ranks import (
     baseline_gradients,
     die_on_rank,
+    die_while_the_others_wait_at_a_barrier,
     group_averaging,
+    late_to_barriers,
     raise_on_rank,
     seeded_vector,
     straggle_in_group,
@@ -71,6 +73,33 @@ def test_a_dead_peer_is_reported_not_waited_on_forever():
 def test_a_wait_past_the_timeout_names_rank_and_group():
     with pytest.raises(DssyncError, match=r"rank 0: allreduce over group \[0, 1\] \(timeout 3 s\) failed"):
         run_ranks(straggle_in_group, 12.0, nproc=3, timeout_s=3, job_timeout_s=120)
+
+
+def test_a_barrier_lets_no_rank_leave_before_the_last_arrives():
+    # The latecomer differs each time, rank 0 (who collects the arrivals) among them, and
+    # the barriers follow each other at once, so one barrier's tokens cannot serve the next.
+    lateness = [{2: 1.0}, {0: 1.0}, {}, {3: 0.5, 1: 1.0}]
+    out = run_ranks(late_to_barriers, lateness, nproc=4, timeout_s=30)
+    for i, late in enumerate(lateness):
+        last = max(out[r][i][0] for r in range(4))  # monotonic clocks of one machine
+        assert all(out[r][i][1] >= last for r in range(4)), (i, [out[r][i] for r in range(4)])
+        if late:
+            latest = max(late, key=late.get)
+            assert out[latest][i][0] == last, (i, late, [out[r][i] for r in range(4)])
+
+
+def test_a_barrier_a_rank_never_reaches_names_that_rank():
+    with pytest.raises(DssyncError, match=r"rank 0: barrier over the world \(timeout 3 s\) failed: "
+                                          r"rank 1 did not arrive"):
+        run_ranks(late_to_barriers, [{1: 10.0}], nproc=2, timeout_s=3, job_timeout_s=120)
+
+
+def test_a_rank_dead_at_a_barrier_is_named_once(capfd):
+    # The job's error is its one report: torch's monitored barrier also logged it from C++.
+    with pytest.raises(DssyncError, match=r"rank 1 died \(exit code 3\)"):
+        run_ranks(die_while_the_others_wait_at_a_barrier, 1, nproc=3, timeout_s=30, job_timeout_s=120)
+    err = capfd.readouterr().err
+    assert "ProcessGroupGloo" not in err and "monitoredBarrier" not in err, err
 
 
 def test_ranks_that_disagree_on_the_schedule_are_stopped():
