@@ -22,6 +22,11 @@ static-3-3-3           --rack-sizes 3,3,3
 uplink0-3-3-3          --rack-sizes 3,3,3 --slow-uplinks 0
 nics01-3-3             --rack-sizes 3,3 --slow-nics 0,1
 nics123-4-4            --rack-sizes 4,4 --slow-nics 1,2,3
+four-rack              --rack-sizes 3,2,3,4 --slow-uplinks 2 --slow-nics 9
+adjusted-uplink0-4-4-4 --rack-sizes 4,4,4 --slow-uplinks 0 --plan adjusted
+adjusted-uplink0-3-3-3 --rack-sizes 3,3,3 --slow-uplinks 0 --plan adjusted
+adjusted-nics01-3-3    --rack-sizes 3,3 --slow-nics 0,1 --plan adjusted
+adjusted-nics123-4-4   --rack-sizes 4,4 --slow-nics 1,2,3 --plan adjusted
 static-7-8-9-11        --rack-sizes 7,8,9,11
 LAYOUTS
 cat "$out"

@@ -62,11 +62,20 @@ def test_plan_adjusts_for_the_contention_a_topology_records(tmp_path, capsys, mo
 
 def test_plan_from_rack_sizes_says_why_it_departs_from_the_paper(tmp_path, capsys, monkeypatch):
     out = tmp_path / "schedule.json"
-    proc = in_process(capsys, monkeypatch, "plan", "--rack-sizes", "4,4", "--slow-nics", "1,2,3", "--out", out)
+    proc = in_process(capsys, monkeypatch, "plan", "--rack-sizes", "4,4", "--slow-nics", "1,2,3", "--plan", "adjusted",
+                      "--out", out)
     assert proc.returncode == 0, proc.stderr
-    assert "NICs [1, 2, 3]" in proc.stdout and "note: rack 0: one clear NIC (0)" in proc.stdout
+    assert "adjusted for slow uplinks [] and NICs [1, 2, 3]" in proc.stdout
+    assert "note: rack 0: one clear NIC (0)" in proc.stdout
     saved = json.loads(out.read_text())
     assert saved["notes"] == list(Schedule.load(out).notes) and len(saved["notes"]) == 1
+    # Left to choose, the planner keeps the static plan here (three slow NICs in a rack of four:
+    # the adjusted plan pairs them in turn and mixes slowly), and says why.
+    proc = in_process(capsys, monkeypatch, "plan", "--rack-sizes", "4,4", "--slow-nics", "1,2,3", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "static, which mixes sooner around slow uplinks [] and NICs [1, 2, 3]" in proc.stdout
+    assert "note: the static plan, not the adjusted one" in proc.stdout
+    assert len(json.loads(out.read_text())["notes"]) == 1
     assert_one_line_error(in_process(capsys, monkeypatch, "plan", "--out", out), "a topology file or --rack-sizes")
     assert_one_line_error(in_process(capsys, monkeypatch, "plan", "--rack-sizes", "4,4", "--slow-uplinks", "2", "--out", out),
                           "slow uplink of rack 2")

@@ -30,12 +30,15 @@ class Shuffle:
     ``adjust_every``: regroup online every this many iterations (0: never); ``max_pace``:
     how rarely racks may exchange when the cross-rack group is the bottleneck; ``steps``:
     the iterations the run takes, if known (no regrouping for iterations that never run);
-    ``nbytes``: the bytes one group allreduce moves.
+    ``nbytes``: the bytes one group allreduce moves; ``plan``: ``planner.plan``'s ``kind``
+    (``auto``, or ``adjusted`` for the paper's plan around every slow link).
     """
 
     def __init__(self, comm: Communicator, topology: Topology, schedule: Schedule | None = None, *,
-                 adjust_every: int = 0, max_pace: int = 4, steps: int | None = None, nbytes: int = 0) -> None:
+                 adjust_every: int = 0, max_pace: int = 4, steps: int | None = None, nbytes: int = 0,
+                 plan: str = "auto") -> None:
         self.comm = comm
+        self.kind = plan
         self.nbytes = nbytes  # what one group allreduce moves: timings become bandwidths
         self.topology = topology
         self.adjust_every = adjust_every
@@ -79,7 +82,7 @@ class Shuffle:
     def _plan(self, topology: Topology, pace: int = 1) -> Schedule:
         """The plan for ``topology``; when regrouping online, with probe rounds that let the
         timings single out a slow uplink among three racks or more (``with_uplink_probes``)."""
-        schedule = plan(topology, pace=pace)
+        schedule = plan(topology, pace=pace, kind=self.kind)
         return with_uplink_probes(schedule, topology) if self.adjust_every else schedule
 
     def _agree(self, schedule: Schedule, what: str, fix: str) -> None:

@@ -8,11 +8,13 @@ import dataclasses
 from dssync.commands._common import parse_rack_sizes, positive_float, positive_int
 from dssync.planning.planner import (
     DEFAULT_MAX_PERIOD,
+    PLAN_KINDS,
+    base_plan,
     check_adjusted,
     check_paced,
     check_static,
     contended,
-    plan,
+    paced,
 )
 from dssync.planning.schedule import EXPLICIT_MAX, Schedule
 from dssync.topology import Topology
@@ -25,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Read TOPOLOGY (topology.json), write the divide-and-shuffle schedule as "
                        "schedule.json: the static plan (paper Fig. 4), or, when the topology records "
                        "slow uplinks or NICs, the adjusted plan that keeps them in groups of two "
-                       "(Fig. 5, 6).")
+                       "(Fig. 5, 6), unless the static plan mixes sooner around them (--plan).")
     p.add_argument("topology", metavar="TOPOLOGY", nargs="?", help="topology.json (or --rack-sizes)")
     p.add_argument("--rack-sizes", type=parse_rack_sizes, metavar="A,B,...",
                    help="plan for consecutive ranks in racks of these sizes instead of a topology file")
@@ -45,6 +47,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pace", type=positive_int, default=1, metavar="K",
                    help="racks exchange every K-th round only, rack-local rounds between "
                    "(dssync's extension for a cross-rack group much slower than the racks; default 1)")
+    p.add_argument("--plan", choices=PLAN_KINDS, default="auto", dest="kind",
+                   help="with slow links: auto (default) builds the adjusted plan unless the static one mixes "
+                   "sooner around them (planner.time_to_mix); adjusted always builds the adjusted plan")
     p.set_defaults(run=run)
 
 
@@ -76,17 +81,21 @@ def run(args: argparse.Namespace) -> int:
     # Large layouts take seconds (100,000 ranks in two racks: a period of 50,000 rounds):
     # a spinner on stderr says what runs, on a terminal only.
     with Console(stderr=True).status(f"planning {topology.world_size} ranks in {topology.num_racks} racks"):
-        schedule = plan(topology, max_period=args.max_period, message_bytes=message_bytes, pace=args.pace)
+        built, schedule = base_plan(topology, max_period=args.max_period, message_bytes=message_bytes,
+                                    kind=args.kind)
+        if args.pace > 1:
+            schedule = paced(schedule, topology, args.pace, message_bytes=message_bytes)
         base = check_paced(schedule, topology, args.pace)
         uplinks, nics = contended(topology)
-        if uplinks or nics:
+        if built == "adjusted":
             check_adjusted(base, topology, slow_uplinks=uplinks, slow_nics=nics)
         else:
             check_static(base, topology)
         schedule.save(args.out)
     if args.show:
         print_schedule(schedule, topology)
-    kind = f"adjusted for slow uplinks {uplinks} and NICs {nics}" if uplinks or nics else "static"
+    kind = f"adjusted for slow uplinks {uplinks} and NICs {nics}" if built == "adjusted" else \
+        f"static, which mixes sooner around slow uplinks {uplinks} and NICs {nics}" if uplinks or nics else "static"
     kind += f", paced by {args.pace}" if args.pace > 1 else ""
     print(f"wrote {args.out}: {topology.world_size} ranks, {topology.num_racks} racks, {kind}, "
           f"period {schedule.length}, rho {schedule.rho:.4f} "

@@ -27,6 +27,7 @@ from dssync.averaging.ensemble import ENSEMBLES
 from dssync.averaging.flat import flatten_parameters
 from dssync.averaging.overlap import OverlapReducer
 from dssync.errors import DssyncError
+from dssync.planning.planner import PLAN_KINDS
 from dssync.planning.schedule import Schedule
 from dssync.strategies.base import StepsElsewhere, Strategy, StrategyContext
 
@@ -64,6 +65,9 @@ class DSSyncStrategy(Strategy):
         """Regrouping may let racks exchange as rarely as every this many rounds when the
         cross-rack group is the job's bottleneck (``regroup.cross_rack_pace``,
         ``planner.paced``; dssync's extension). 1: every round, as in the paper."""
+        plan: str = "auto"
+        """Around slow links: ``auto`` plans the adjusted or the static plan, whichever mixes
+        sooner (``planner.base_plan``); ``adjusted`` always the paper's adjusted plan."""
         overlap: bool = False
         """Layer-wise overlapped averaging (paper section V-A.1) instead of after the step."""
         bucket_mb: float = 1.0
@@ -79,6 +83,8 @@ class DSSyncStrategy(Strategy):
                 raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
             if self.bucket_mb < 0:
                 raise ValueError(f"bucket_mb must be 0 (one allreduce per layer) or positive, got {self.bucket_mb}")
+            if self.plan not in PLAN_KINDS:
+                raise ValueError(f"plan must be one of {', '.join(PLAN_KINDS)}, got {self.plan!r}")
             if self.max_pace < 1:
                 raise ValueError(f"max_pace must be 1 (racks exchange every round) or more, got {self.max_pace}")
             if self.adjust_every < 0:
@@ -98,7 +104,7 @@ class DSSyncStrategy(Strategy):
             ctx.topology, ctx.schedule, comm=self.comm, adjust_every=cfg.adjust_every, max_pace=cfg.max_pace,
             steps=ctx.steps, model=self.model, ensemble=cfg.ensemble, ema_decay=cfg.ema_decay,
             swa_start_step=math.ceil(cfg.swa_start * (ctx.steps or 0)) if cfg.ensemble == "swa" else 0,
-            nbytes=sum(f.numel() * f.element_size() for f in self._flat), start=False)
+            nbytes=sum(f.numel() * f.element_size() for f in self._flat), plan=cfg.plan, start=False)
         self.shuffle = self.averager.shuffle
         self.reducer = OverlapReducer(self.model, self._flat, self.comm, self.shuffle, bucket_mb=cfg.bucket_mb,
                                       on_wait=self._waited, landed=self.averager.ensemble.fold) if cfg.overlap else None

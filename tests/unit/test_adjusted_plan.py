@@ -2,12 +2,22 @@
 
 import re
 
+import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from dssync.errors import ScheduleError
-from dssync.planning.planner import adjusted_plan, check_adjusted, check_paced, plan, static_plan
+from dssync.planning.planner import (
+    adjusted_plan,
+    base_plan,
+    check_adjusted,
+    check_paced,
+    check_static,
+    plan,
+    static_plan,
+    time_to_mix,
+)
 from dssync.topology import Topology
 
 
@@ -167,8 +177,8 @@ def test_a_paced_plan_crosses_racks_only_every_pace_rounds_and_still_mixes(layou
     data = topo.to_dict()
     data["contention"] = {"uplinks": [{"rack": r} for r in slow_uplinks], "nics": [{"rank": i} for i in slow_nics]}
     topo = Topology.from_dict(data)
-    base = plan(topo)
-    schedule = plan(topo, pace=pace)
+    base = plan(topo, kind="adjusted")
+    schedule = plan(topo, pace=pace, kind="adjusted")
     assert len(schedule.period) == pace * len(base.period)
     assert schedule.period[::pace] == base.period  # every round of the plan, once, in order
     for t, partition in enumerate(schedule.period):
@@ -207,3 +217,75 @@ def test_check_paced_rejects_racks_exchanging_off_pace():
         check_paced(plan(topo, pace=2), topo, 3)
     with pytest.raises(ScheduleError, match="pace must be 1"):
         plan(topo, pace=0)
+
+
+# -- the planner's choice between the static and the adjusted plan ----------------------------
+def _flagged(sizes, slow_uplinks, slow_nics):
+    data = Topology.from_rack_sizes(sizes).to_dict()
+    data["contention"] = {"uplinks": [{"rack": r} for r in slow_uplinks], "nics": [{"rank": i} for i in slow_nics]}
+    return Topology.from_dict(data)
+
+
+def _slow_transfers_to_mix(schedule, topo, slow_uplinks, slow_nics):
+    """The oracle of ``time_to_mix``, from the whole partitions and a dense product of
+    averaging matrices: each round's worst ring factor among groups through a slow link,
+    averaged, over -ln of the period's second-largest eigenvalue modulus per round."""
+    n = topo.world_size
+    product, worst = np.eye(n), []
+    for partition in schedule.period:
+        step = np.zeros((n, n))
+        for g in partition:
+            step[np.ix_(g, g)] = 1 / len(g)
+        product = step @ product
+        racks = [racks_of(topo, g) for g in partition]
+        worst.append(max([2 * (len(g) - 1) / len(g) for g, rk in zip(partition, racks, strict=True)
+                          if len(g) > 1 and (set(g) & set(slow_nics) or (len(rk) > 1 and rk & set(slow_uplinks)))],
+                         default=0.0))
+    rho = sorted(np.abs(np.linalg.eigvals(product)))[-2]
+    if rho < 1e-12 or not any(worst):  # exact averaging (up to rounding) in one period
+        return 0.0
+    return float(np.mean(worst)) / -np.log(rho ** (1 / len(schedule.period)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(contended_layouts(max_racks=5, max_size=6))
+def test_the_planner_builds_the_plan_that_mixes_sooner_around_the_slow_links(layout):
+    sizes, slow_uplinks, slow_nics = layout
+    topo = _flagged(sizes, slow_uplinks, slow_nics)
+    try:
+        adjusted = adjusted_plan(topo, slow_uplinks=slow_uplinks, slow_nics=slow_nics)
+    except ScheduleError:
+        assume(False)
+    static = static_plan(topo)
+    chosen = plan(topo)
+    if not slow_uplinks and not slow_nics:
+        assert chosen.period == static.period
+        return
+    cost_static = _slow_transfers_to_mix(static, topo, slow_uplinks, slow_nics)
+    cost_adjusted = _slow_transfers_to_mix(adjusted, topo, slow_uplinks, slow_nics)
+    assert time_to_mix(static, topo) == pytest.approx(cost_static, rel=1e-4, abs=1e-9)
+    assert time_to_mix(adjusted, topo) == pytest.approx(cost_adjusted, rel=1e-4, abs=1e-9)
+    if abs(cost_static - cost_adjusted) > 1e-3 * max(cost_static, cost_adjusted):  # rho is computed two ways
+        assert chosen.period == (static if cost_static < cost_adjusted else adjusted).period
+    assert plan(topo, kind="adjusted").period == adjusted.period
+
+
+@pytest.mark.parametrize(("sizes", "slow_uplinks", "slow_nics", "kind"), [
+    ([3, 3, 3], [0], [], "static"),      # the emulated three-rack scenario: 0.50 a round against 0.94
+    ([4, 4, 4, 4], [1], [], "static"),
+    ([3, 2, 3, 4], [2], [9], "adjusted"),  # four-rack: the slow NIC's pair outweighs the slower mixing
+    ([8, 8], [], [3], "adjusted"),
+    ([16], [], [3], "adjusted"),          # one rack: the static plan would be the world's allreduce
+])
+def test_the_planners_choice_on_the_emulated_layouts(sizes, slow_uplinks, slow_nics, kind):
+    topo = _flagged(sizes, slow_uplinks, slow_nics)
+    built, schedule = base_plan(topo)
+    assert built == kind
+    expected = static_plan(topo) if kind == "static" else adjusted_plan(topo, slow_uplinks=slow_uplinks,
+                                                                       slow_nics=slow_nics)
+    assert schedule.period == expected.period
+    assert any("not the adjusted one" in note for note in schedule.notes) == (kind == "static")
+    if kind == "static":
+        check_static(schedule, topo)
+    with pytest.raises(ScheduleError, match="plan kind must be one of auto, adjusted"):
+        plan(topo, kind="static")
