@@ -41,6 +41,7 @@ from dssync.averaging.flat import average_tensors
 from dssync.averaging.shuffle import Shuffle
 from dssync.collectives import Communicator
 from dssync.errors import DssyncError
+from dssync.planning.regroup import DEFAULT_MAX_PACE
 from dssync.planning.schedule import Schedule
 from dssync.topology import Topology
 
@@ -79,7 +80,7 @@ class DSSyncAverager(ModelAverager):
 
     def __init__(self, topology: Topology | str | os.PathLike[str] | None = None,
                  schedule: Schedule | str | os.PathLike[str] | None = None, *, warmup_steps: int = 0,
-                 adjust_every: int = 0, max_pace: int = 4, steps: int | None = None,
+                 adjust_every: int = 0, max_pace: int = DEFAULT_MAX_PACE, steps: int | None = None,
                  model: nn.Module | None = None, ensemble: str = "none", swa_start_step: int = 0,
                  ema_decay: float = 0.98, timeout_s: float = 300.0, comm: Communicator | None = None,
                  nbytes: int = 0, plan: str = "auto", start: bool = True) -> None:

@@ -17,7 +17,14 @@ from dssync._jsonfile import is_whole
 from dssync.collectives import Communicator, Group
 from dssync.errors import DssyncError, ScheduleError
 from dssync.planning.planner import contended, plan, with_uplink_probes
-from dssync.planning.regroup import Record, Sensed, cross_rack_pace, sense_contention, settle
+from dssync.planning.regroup import (
+    DEFAULT_MAX_PACE,
+    Record,
+    Sensed,
+    cross_rack_pace,
+    sense_contention,
+    settle,
+)
 from dssync.planning.schedule import Schedule
 from dssync.topology import Topology
 
@@ -35,7 +42,7 @@ class Shuffle:
     """
 
     def __init__(self, comm: Communicator, topology: Topology, schedule: Schedule | None = None, *,
-                 adjust_every: int = 0, max_pace: int = 4, steps: int | None = None, nbytes: int = 0,
+                 adjust_every: int = 0, max_pace: int = DEFAULT_MAX_PACE, steps: int | None = None, nbytes: int = 0,
                  plan: str = "auto") -> None:
         self.comm = comm
         self.kind = plan

@@ -28,6 +28,7 @@ from dssync.averaging.flat import flatten_parameters
 from dssync.averaging.overlap import OverlapReducer
 from dssync.errors import DssyncError
 from dssync.planning.planner import PLAN_KINDS
+from dssync.planning.regroup import DEFAULT_MAX_PACE
 from dssync.planning.schedule import Schedule
 from dssync.strategies.base import StepsElsewhere, Strategy, StrategyContext
 
@@ -61,7 +62,7 @@ class DSSyncStrategy(Strategy):
 
         adjust_every: int = 0
         """Regroup online every this many iterations from the group timings (0: never)."""
-        max_pace: int = 4
+        max_pace: int = DEFAULT_MAX_PACE
         """Regrouping may let racks exchange as rarely as every this many rounds when the
         cross-rack group is the job's bottleneck (``regroup.cross_rack_pace``,
         ``planner.paced``; dssync's extension). 1: every round, as in the paper."""

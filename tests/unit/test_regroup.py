@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from dssync.planning.planner import adjusted_plan, plan, static_plan, with_uplink_probes
 from dssync.planning.regroup import (
+    DEFAULT_MAX_PACE,
     best_of,
     cross_rack_pace,
     group_bandwidths,
@@ -177,7 +178,8 @@ def test_a_slow_cross_rack_group_paces_the_racks():
     racks = [topo.rack_of(r) for r in range(8)]
     # Cross-rack pair at 1/9 of the rate: 9x a pair, 6.75x a group of three: ceil(6.75 - 1) = 6 -> cap 4.
     slow = records_for(static_plan(topo), 20, slow_racks={0}, racks=racks, factor=1 / 9)
-    assert cross_rack_pace(slow, racks) == 4
+    assert cross_rack_pace(slow, racks, max_pace=4) == 4
+    assert cross_rack_pace(slow, racks) == DEFAULT_MAX_PACE == 2
     assert cross_rack_pace(slow, racks, max_pace=8) == 6
     assert cross_rack_pace(slow, racks, max_pace=1) == 1
     # Three times a group of three: ceil(2.25 - 1) = 2.
@@ -194,10 +196,10 @@ def test_a_pace_is_kept_until_the_window_asks_for_every_round():
     # 32 ms against 12 (groups of four in the rack-local rounds): alone it asks for 2
     faster = records_for(paced_plan, 32, slow_racks={0}, racks=racks, factor=1 / 4)
     assert cross_rack_pace(faster, racks, current=1) == 2
-    assert cross_rack_pace(faster, racks, current=4) == 4
+    assert cross_rack_pace(faster, racks, current=4, max_pace=4) == 4
     clear = records_for(paced_plan, 32, racks=racks)
-    assert cross_rack_pace(clear, racks, current=4) == 1
-    assert cross_rack_pace([], racks, current=4) == 4  # nothing to judge: keep it
+    assert cross_rack_pace(clear, racks, current=4, max_pace=4) == 1
+    assert cross_rack_pace([], racks, current=4, max_pace=4) == 4  # nothing to judge: keep it
     assert cross_rack_pace([], racks, current=4, max_pace=2) == 2
 
 
