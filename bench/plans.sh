@@ -12,6 +12,14 @@ while read -r name args; do
     echo "\$ dssync plan $args --out bench/results/plans/$name.json" >> "$out"
     # shellcheck disable=SC2086
     dssync plan $args --out "bench/results/plans/$name.json" >> "$out"
+    # each schedule carries its own provenance too (schedule files keep keys they do not read)
+    # shellcheck disable=SC2086
+    python3 -c 'import json, sys
+from dssync._jsonfile import write_json
+from dssync.bench.provenance import stamp, provenance
+path = sys.argv[1]
+write_json(path, stamp(json.load(open(path)), provenance(sys.argv[2:])))' \
+        "bench/results/plans/$name.json" plan $args --out "bench/results/plans/$name.json"
     echo >> "$out"
 done <<'LAYOUTS'
 static-4-4-4           --rack-sizes 4,4,4

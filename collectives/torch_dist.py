@@ -217,10 +217,10 @@ class TorchCommunicator(Communicator):
         rank in turn, then releases them all, so the rank that never arrives is the one named;
         torch's ``monitored_barrier`` does the same but also logs its error to stderr from C++,
         a second line beside the one the job reports."""
-        describe = self._describe("barrier", None)
         if dist.get_backend() != "gloo":
             self._blocking("barrier", None, lambda pg: dist.barrier(group=pg, async_op=True))
             return
+        describe = self._describe("barrier", None)
         deadline = time.monotonic() + self.timeout_s
         token = torch.zeros(1)
 

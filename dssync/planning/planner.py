@@ -69,14 +69,13 @@ def base_plan(topology: Topology, *, max_period: int = DEFAULT_MAX_PERIOD, messa
     if kind not in PLAN_KINDS:
         raise ScheduleError(f"plan kind must be one of {', '.join(PLAN_KINDS)}, got {kind!r}")
     uplinks, nics = contended(topology)
-    static = None if (uplinks or nics) and kind == "adjusted" else \
-        static_plan(topology, max_period=max_period, message_bytes=message_bytes)
-    if static is not None and not uplinks and not nics:
-        return "static", static
+    if not uplinks and not nics:
+        return "static", static_plan(topology, max_period=max_period, message_bytes=message_bytes)
     adjusted = adjusted_plan(topology, slow_uplinks=uplinks, slow_nics=nics, max_period=max_period,
                              message_bytes=message_bytes)
-    if static is None or topology.num_racks == 1:
+    if kind == "adjusted" or topology.num_racks == 1:
         return "adjusted", adjusted
+    static = static_plan(topology, max_period=max_period, message_bytes=message_bytes)
     kept, other = time_to_mix(static, topology), time_to_mix(adjusted, topology)
     if kept >= other:
         return "adjusted", adjusted
