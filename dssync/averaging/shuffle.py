@@ -38,13 +38,19 @@ class Shuffle:
     how rarely racks may exchange when the cross-rack group is the bottleneck; ``steps``:
     the iterations the run takes, if known (no regrouping for iterations that never run);
     ``nbytes``: the bytes one group allreduce moves; ``plan``: ``planner.plan``'s ``kind``
-    (``auto``, or ``adjusted`` for the paper's plan around every slow link).
+    (``auto``, or ``adjusted`` for the paper's plan around every slow link); ``world_every``:
+    every this many iterations the whole world averages in place of that iteration's group
+    (0: never, as in the paper), which bounds how far the ranks' models drift apart
+    (periodic global averaging, as gossip methods add it) at the price of one world allreduce.
     """
 
     def __init__(self, comm: Communicator, topology: Topology, schedule: Schedule | None = None, *,
                  adjust_every: int = 0, max_pace: int = DEFAULT_MAX_PACE, steps: int | None = None, nbytes: int = 0,
-                 plan: str = "auto") -> None:
+                 plan: str = "auto", world_every: int = 0) -> None:
+        if world_every < 0:
+            raise ValueError(f"world_every must be 0 (never) or more, got {world_every}")
         self.comm = comm
+        self.world_every = world_every
         self.kind = plan
         self.nbytes = nbytes  # what one group allreduce moves: timings become bandwidths
         self.topology = topology
@@ -70,12 +76,19 @@ class Shuffle:
         self.comm.register_groups(self.schedule.distinct_groups())
 
     def group(self, step: int) -> Group:
-        """This rank's group at iteration ``step``."""
+        """This rank's group at iteration ``step``: the whole world at a ``world_every`` step."""
+        if self.world_step(step):
+            return tuple(range(self.comm.world_size))
         return self.schedule.group_of(self.comm.rank, step - self.start)
 
+    def world_step(self, step: int) -> bool:
+        """Whether the whole world averages at iteration ``step`` (every ``world_every``-th)."""
+        return bool(self.world_every) and (step + 1) % self.world_every == 0
+
     def record(self, step: int, group: Group, seconds: float) -> None:
-        """Keep one group allreduce's time for the next regrouping (when regrouping online)."""
-        if self.adjust_every:
+        """Keep one group allreduce's time for the next regrouping (when regrouping online;
+        a world average is no round of the plan, so its time is not kept)."""
+        if self.adjust_every and not self.world_step(step):
             self.records.append((step, group, seconds))
 
     def after(self, step: int) -> bool:

@@ -69,6 +69,10 @@ class DSSyncStrategy(Strategy):
         plan: str = "auto"
         """Around slow links: ``auto`` plans the adjusted or the static plan, whichever mixes
         sooner (``planner.base_plan``); ``adjusted`` always the paper's adjusted plan."""
+        world_every: int = 0
+        """Every this many iterations the whole world averages in place of the group: a bound
+        on how far the ranks drift apart, at one world allreduce's price (0: never, as in the
+        paper; dssync's extension, the periodic global averaging of gossip methods)."""
         overlap: bool = False
         """Layer-wise overlapped averaging (paper section V-A.1) instead of after the step."""
         bucket_mb: float = 1.0
@@ -90,6 +94,8 @@ class DSSyncStrategy(Strategy):
                 raise ValueError(f"max_pace must be 1 (racks exchange every round) or more, got {self.max_pace}")
             if self.adjust_every < 0:
                 raise ValueError(f"adjust_every must be 0 (off) or positive, got {self.adjust_every}")
+            if self.world_every < 0:
+                raise ValueError(f"world_every must be 0 (never) or positive, got {self.world_every}")
             if self.overlap and self.adjust_every:
                 raise ValueError("overlap and adjust_every do not combine yet: regrouping times whole "
                                  "group allreduces, which overlapped mode splits by layer")
@@ -105,7 +111,8 @@ class DSSyncStrategy(Strategy):
             ctx.topology, ctx.schedule, comm=self.comm, adjust_every=cfg.adjust_every, max_pace=cfg.max_pace,
             steps=ctx.steps, model=self.model, ensemble=cfg.ensemble, ema_decay=cfg.ema_decay,
             swa_start_step=math.ceil(cfg.swa_start * (ctx.steps or 0)) if cfg.ensemble == "swa" else 0,
-            nbytes=sum(f.numel() * f.element_size() for f in self._flat), plan=cfg.plan, start=False)
+            nbytes=sum(f.numel() * f.element_size() for f in self._flat), plan=cfg.plan,
+            world_every=cfg.world_every, start=False)
         self.shuffle = self.averager.shuffle
         self.reducer = OverlapReducer(self.model, self._flat, self.comm, self.shuffle, bucket_mb=cfg.bucket_mb,
                                       on_wait=self._waited, landed=self.averager.ensemble.fold) if cfg.overlap else None

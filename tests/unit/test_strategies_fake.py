@@ -42,6 +42,39 @@ def test_ds_sync_round_averages_within_groups_only():
             torch.testing.assert_close(out[r], expected)
 
 
+def test_ds_sync_averages_the_whole_world_every_world_every_iterations():
+    topo = Topology.from_rack_sizes([2, 3])
+    schedule = static_plan(topo)
+    initial = [torch.nn.utils.parameters_to_vector(_seeded_linear(r).parameters()) for r in range(5)]
+
+    def body(comm):
+        model = _seeded_linear(comm.rank)
+        strategy = DSSyncStrategy(StrategyContext(comm=comm, model=model, topology=topo),
+                                  DSSyncStrategy.Config(world_every=3))
+        comm.register_groups(schedule.distinct_groups())
+        vectors = []
+        for step in range(3):
+            strategy.after_step(step)
+            vectors.append(torch.nn.utils.parameters_to_vector(model.parameters()).clone())
+        return vectors
+
+    out = FakeWorld(5).run(body)
+    # iterations 0 and 1: the plan's groups, as without the option
+    after = [v.clone() for v in initial]
+    for step in range(2):
+        for group in schedule.partition_at(step):
+            mean = torch.stack([after[r] for r in group]).mean(0)
+            for r in group:
+                after[r] = mean
+        for r in range(5):
+            torch.testing.assert_close(out[r][step], after[r])
+    assert not all(torch.allclose(after[0], after[r]) for r in range(1, 5))
+    # iteration 2 (the third): every rank holds the mean of all five
+    world = torch.stack(after).mean(0)
+    for r in range(5):
+        torch.testing.assert_close(out[r][2], world)
+
+
 @pytest.mark.parametrize("ensemble", ["none", "ema", "swa"])
 def test_ds_sync_final_model_is_the_global_mean_of_the_ensemble_models(ensemble):
     """none: the current parameters; ema: the EMA models (one iterate, the own init here);
@@ -250,8 +283,9 @@ def test_ranks_whose_records_disagree_stop_with_an_error():
         FakeWorld(8).run(body)
 
 
+@pytest.mark.parametrize("world_every", [0, 3], ids=["groups", "world-every-3"])
 @pytest.mark.parametrize("bucket_mb", [0.0, 3e-4, 1.0], ids=["per-layer", "two-buckets", "one-bucket"])
-def test_overlapped_mode_computes_what_after_step_mode_computes(bucket_mb):
+def test_overlapped_mode_computes_what_after_step_mode_computes(bucket_mb, world_every):
     """Averaging in backward hooks, layer by layer or bucket by bucket, is the same arithmetic
     as averaging after the step: same data, same groups, same parameters and EMA at the end."""
     topo = Topology.from_rack_sizes([3, 2])
@@ -265,7 +299,8 @@ def test_overlapped_mode_computes_what_after_step_mode_computes(bucket_mb):
                 for p in model.parameters():
                     p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype))
             strategy = DSSyncStrategy(StrategyContext(comm=comm, model=model, topology=topo),
-                                      DSSyncStrategy.Config(overlap=overlap, bucket_mb=bucket_mb))
+                                      DSSyncStrategy.Config(overlap=overlap, bucket_mb=bucket_mb,
+                                                            world_every=world_every))
             optimizer = strategy.wrap_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
             strategy.setup()
             if strategy.reducer is not None:
