@@ -33,7 +33,7 @@ from dssync.collectives import Communicator
 from dssync.planning.schedule import Schedule
 from dssync.topology import Topology
 
-__all__ = ["StepsElsewhere", "Strategy", "StrategyContext", "read_settings"]
+__all__ = ["PeriodicConfig", "StepsElsewhere", "Strategy", "StrategyContext", "read_settings"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,6 +184,18 @@ class Strategy(ABC):  # noqa: B024 - every hook has a no-op default
 
 
 _READERS: dict[type, Callable[[str], Any]] = {bool: read_bool, int: int, float: read_finite, str: str}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeriodicConfig(Strategy.Config):
+    """The Config of a strategy that exchanges every ``period`` iterations (at least 1); a
+    subclass sets its own default."""
+
+    period: int = 1
+
+    def __post_init__(self) -> None:
+        if self.period < 1:
+            raise ValueError(f"period must be at least 1, got {self.period}")
 
 
 def read_settings(cls: type, pairs: Sequence[str], owner: str, flag: str = "--set",

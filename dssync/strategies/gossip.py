@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from dssync.averaging.flat import flatten_parameters, world_average
-from dssync.strategies.base import Strategy, StrategyContext
+from dssync.strategies.base import PeriodicConfig, Strategy, StrategyContext
 
 __all__ = ["GossipStrategy", "gossip_peers"]
 
@@ -44,13 +44,9 @@ class GossipStrategy(Strategy):
     devices = ("cpu", "cuda")
 
     @dataclass(frozen=True, kw_only=True)
-    class Config(Strategy.Config):
+    class Config(PeriodicConfig):
         period: int = 1
         """Gossip every this many iterations (local steps in between)."""
-
-        def __post_init__(self) -> None:
-            if self.period < 1:
-                raise ValueError(f"period must be at least 1, got {self.period}")
 
     config: Config
 

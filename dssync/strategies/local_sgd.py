@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from dssync.averaging.flat import average_tensors, flatten_parameters, world_average
-from dssync.strategies.base import Strategy, StrategyContext
+from dssync.strategies.base import PeriodicConfig, Strategy, StrategyContext
 
 __all__ = ["LocalSGDStrategy"]
 
@@ -23,13 +23,9 @@ class LocalSGDStrategy(Strategy):
     devices = ("cpu", "cuda")
 
     @dataclass(frozen=True, kw_only=True)
-    class Config(Strategy.Config):
+    class Config(PeriodicConfig):
         period: int = 8
         """Average over the world every this many iterations."""
-
-        def __post_init__(self) -> None:
-            if self.period < 1:
-                raise ValueError(f"period must be at least 1, got {self.period}")
 
     config: Config
 
