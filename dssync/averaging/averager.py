@@ -75,7 +75,8 @@ class DSSyncAverager(ModelAverager):
     ``plan``: ``auto`` (around slow links, the adjusted or the static plan, whichever mixes
     sooner: ``planner.base_plan``) or ``adjusted`` (the paper's plan); ``world_every``: a
     world average in place of every this many iterations' group average (0: never);
-    ``start=False`` leaves ``start()`` (collective: plans and creates the groups, and starts
+    ``world_first``: world averages at each of the first this many iterations (post-local
+    SGD's warm-up, by parameters instead of gradients); ``start=False`` leaves ``start()`` (collective: plans and creates the groups, and starts
     the EMA at the model's parameters) to the caller.
     """
 
@@ -84,7 +85,8 @@ class DSSyncAverager(ModelAverager):
                  adjust_every: int = 0, max_pace: int = DEFAULT_MAX_PACE, steps: int | None = None,
                  model: nn.Module | None = None, ensemble: str = "none", swa_start_step: int = 0,
                  ema_decay: float = 0.98, timeout_s: float = 300.0, comm: Communicator | None = None,
-                 nbytes: int = 0, plan: str = "auto", world_every: int = 0, start: bool = True) -> None:
+                 nbytes: int = 0, plan: str = "auto", world_every: int = 0, world_first: int = 0,
+                 start: bool = True) -> None:
         if comm is None and not dist.is_initialized():
             raise DssyncError("DSSyncAverager averages over torch.distributed: call "
                               "torch.distributed.init_process_group first (torchrun sets the environment)")
@@ -108,7 +110,8 @@ class DSSyncAverager(ModelAverager):
             topology = default_topology(self.comm, timeout_s=timeout_s)
         self.warmup_steps = warmup_steps
         self.shuffle = Shuffle(self.comm, topology, schedule, adjust_every=adjust_every, max_pace=max_pace,
-                               steps=steps, nbytes=nbytes, plan=plan, world_every=world_every)
+                               steps=steps, nbytes=nbytes, plan=plan, world_every=world_every,
+                               world_first=world_first)
         if start:
             self.start()
 

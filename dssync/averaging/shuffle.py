@@ -41,16 +41,20 @@ class Shuffle:
     (``auto``, or ``adjusted`` for the paper's plan around every slow link); ``world_every``:
     every this many iterations the whole world averages in place of that iteration's group
     (0: never, as in the paper), which bounds how far the ranks' models drift apart
-    (periodic global averaging, as gossip methods add it) at the price of one world allreduce.
+    (periodic global averaging, as gossip methods add it) at the price of one world allreduce;
+    ``world_first``: the first this many iterations average over the whole world, every one
+    (post-local SGD's warm-up: the ranks start from one consensus and the plan takes over).
     """
 
     def __init__(self, comm: Communicator, topology: Topology, schedule: Schedule | None = None, *,
                  adjust_every: int = 0, max_pace: int = DEFAULT_MAX_PACE, steps: int | None = None, nbytes: int = 0,
-                 plan: str = "auto", world_every: int = 0) -> None:
-        if world_every < 0:
-            raise ValueError(f"world_every must be 0 (never) or more, got {world_every}")
+                 plan: str = "auto", world_every: int = 0, world_first: int = 0) -> None:
+        if world_every < 0 or world_first < 0:
+            raise ValueError(f"world_every and world_first must be 0 (never) or more, got {world_every} "
+                             f"and {world_first}")
         self.comm = comm
         self.world_every = world_every
+        self.world_first = world_first
         self.kind = plan
         self.nbytes = nbytes  # what one group allreduce moves: timings become bandwidths
         self.topology = topology
@@ -82,8 +86,9 @@ class Shuffle:
         return self.schedule.group_of(self.comm.rank, step - self.start)
 
     def world_step(self, step: int) -> bool:
-        """Whether the whole world averages at iteration ``step`` (every ``world_every``-th)."""
-        return bool(self.world_every) and (step + 1) % self.world_every == 0
+        """Whether the whole world averages at iteration ``step`` (one of the first
+        ``world_first``, or every ``world_every``-th)."""
+        return step < self.world_first or (bool(self.world_every) and (step + 1) % self.world_every == 0)
 
     def record(self, step: int, group: Group, seconds: float) -> None:
         """Keep one group allreduce's time for the next regrouping (when regrouping online;
@@ -95,6 +100,8 @@ class Shuffle:
         """Regroup after iteration ``step`` when a window ends there (collective then)."""
         every = self.adjust_every
         last = self.steps is not None and step + 1 >= self.steps
+        if step < self.world_first:  # world averages time no group: nothing to regroup from yet
+            return False
         if every and (step + 1) % every == 0 and not last:  # no plan for iterations that never run
             return self.regroup(step + 1)
         return False

@@ -73,6 +73,10 @@ class DSSyncStrategy(Strategy):
         """Every this many iterations the whole world averages in place of the group: a bound
         on how far the ranks drift apart, at one world allreduce's price (0: never, as in the
         paper; dssync's extension, the periodic global averaging of gossip methods)."""
+        world_first: float = 0.0
+        """The first this fraction of the run's iterations average over the whole world, every
+        one, before the plan takes over (0: none, as in the paper; post-local SGD's warm-up,
+        which torch's model averagers call ``warmup_steps``)."""
         overlap: bool = False
         """Layer-wise overlapped averaging (paper section V-A.1) instead of after the step."""
         bucket_mb: float = 1.0
@@ -96,6 +100,8 @@ class DSSyncStrategy(Strategy):
                 raise ValueError(f"adjust_every must be 0 (off) or positive, got {self.adjust_every}")
             if self.world_every < 0:
                 raise ValueError(f"world_every must be 0 (never) or positive, got {self.world_every}")
+            if not 0.0 <= self.world_first < 1.0:
+                raise ValueError(f"world_first must be a fraction of the run in [0, 1), got {self.world_first}")
             if self.overlap and self.adjust_every:
                 raise ValueError("overlap and adjust_every do not combine yet: regrouping times whole "
                                  "group allreduces, which overlapped mode splits by layer")
@@ -112,7 +118,7 @@ class DSSyncStrategy(Strategy):
             steps=ctx.steps, model=self.model, ensemble=cfg.ensemble, ema_decay=cfg.ema_decay,
             swa_start_step=math.ceil(cfg.swa_start * (ctx.steps or 0)) if cfg.ensemble == "swa" else 0,
             nbytes=sum(f.numel() * f.element_size() for f in self._flat), plan=cfg.plan,
-            world_every=cfg.world_every, start=False)
+            world_every=cfg.world_every, world_first=math.ceil(cfg.world_first * (ctx.steps or 0)), start=False)
         self.shuffle = self.averager.shuffle
         self.reducer = OverlapReducer(self.model, self._flat, self.comm, self.shuffle, bucket_mb=cfg.bucket_mb,
                                       on_wait=self._waited, landed=self.averager.ensemble.fold) if cfg.overlap else None

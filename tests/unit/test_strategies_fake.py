@@ -75,6 +75,46 @@ def test_ds_sync_averages_the_whole_world_every_world_every_iterations():
         torch.testing.assert_close(out[r][2], world)
 
 
+def test_ds_sync_averages_the_whole_world_for_the_first_fraction_of_the_run_then_follows_the_plan():
+    topo = Topology.from_rack_sizes([2, 3])
+    schedule = static_plan(topo)
+    initial = [torch.nn.utils.parameters_to_vector(_seeded_linear(r).parameters()) for r in range(5)]
+    perturb = [torch.full_like(initial[0], float(r)) for r in range(5)]  # each rank's own "SGD step"
+
+    def body(comm):
+        model = _seeded_linear(comm.rank)
+        strategy = DSSyncStrategy(StrategyContext(comm=comm, model=model, topology=topo, steps=10),
+                                  DSSyncStrategy.Config(world_first=0.2))  # ceil(0.2 * 10) = 2 iterations
+        comm.register_groups(schedule.distinct_groups())
+        vectors = []
+        for step in range(4):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(float(comm.rank))
+            strategy.after_step(step)
+            vectors.append(torch.nn.utils.parameters_to_vector(model.parameters()).clone())
+        return vectors
+
+    out = FakeWorld(5).run(body)
+    after = [v.clone() for v in initial]
+    for step in range(4):
+        after = [a + d for a, d in zip(after, perturb, strict=True)]
+        groups = [tuple(range(5))] if step < 2 else schedule.partition_at(step)
+        for group in groups:
+            mean = torch.stack([after[r] for r in group]).mean(0)
+            for r in group:
+                after[r] = mean
+        for r in range(5):
+            torch.testing.assert_close(out[r][step], after[r])
+    assert not all(torch.allclose(after[0], after[r]) for r in range(1, 5))  # the plan's groups by the end
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.0])
+def test_ds_sync_refuses_a_world_first_that_is_no_fraction_of_the_run(bad):
+    with pytest.raises(ValueError, match="world_first must be a fraction"):
+        DSSyncStrategy.Config(world_first=bad)
+
+
 @pytest.mark.parametrize("ensemble", ["none", "ema", "swa"])
 def test_ds_sync_final_model_is_the_global_mean_of_the_ensemble_models(ensemble):
     """none: the current parameters; ema: the EMA models (one iterate, the own init here);
