@@ -100,11 +100,11 @@ class Shuffle:
         """Regroup after iteration ``step`` when a window ends there (collective then)."""
         every = self.adjust_every
         last = self.steps is not None and step + 1 >= self.steps
-        if step < self.world_first:  # world averages time no group: nothing to regroup from yet
+        if not every or (step + 1) % every or last:  # no plan for iterations that never run
             return False
-        if every and (step + 1) % every == 0 and not last:  # no plan for iterations that never run
-            return self.regroup(step + 1)
-        return False
+        if all(self.world_step(s) for s in range(step + 1 - every, step + 1)):
+            return False  # a window of world averages only timed no group: nothing to regroup from
+        return self.regroup(step + 1)
 
     def _plan(self, topology: Topology, pace: int = 1) -> Schedule:
         """The plan for ``topology``; when regrouping online, with probe rounds that let the

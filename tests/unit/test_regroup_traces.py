@@ -188,3 +188,30 @@ def test_the_noise_is_this_machines():
     mean = sum(logs) / len(logs)
     spread = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
     assert 0.35 <= spread <= 0.65, spread
+
+
+class CountingView(OneView):
+    """``OneView`` that counts the collective gathers regrouping makes."""
+
+    def __init__(self, world_size):
+        super().__init__(world_size)
+        self.gathers = 0
+
+    def allgather_object(self, obj):
+        self.gathers += 1
+        return super().allgather_object(obj)
+
+
+@pytest.mark.parametrize(("world_first", "world_every", "windows_without_groups"),
+                         [(0, 0, 0), (50, 0, 2), (60, 0, 2), (0, 1, 6)])
+def test_a_window_of_world_averages_only_is_not_regrouped_from(world_first, world_every, windows_without_groups):
+    """World averages time no group, so a window made of them alone has nothing to sense
+    contention from: ``after`` leaves it without the collective, and regroups at every
+    window that held a group step (at 60 world iterations, the window 50-74 holds 60-74)."""
+    topo = Topology.from_rack_sizes([3, 3, 3])
+    view = CountingView(9)
+    shuffle = Shuffle(view, topo, adjust_every=25, steps=151, world_first=world_first, world_every=world_every)
+    gathers_at_start = view.gathers
+    for step in range(150):
+        shuffle.after(step)
+    assert view.gathers - gathers_at_start == 6 - windows_without_groups
