@@ -76,8 +76,9 @@ class DSSyncAverager(ModelAverager):
     sooner: ``planner.base_plan``) or ``adjusted`` (the paper's plan); ``world_every``: a
     world average in place of every this many iterations' group average (0: never);
     ``world_first``: world averages at each of the first this many iterations (post-local
-    SGD's warm-up, by parameters instead of gradients); ``start=False`` leaves ``start()`` (collective: plans and creates the groups, and starts
-    the EMA at the model's parameters) to the caller.
+    SGD's warm-up, by parameters instead of gradients); ``start=False`` leaves ``start()``
+    (collective: plans and creates the groups, and starts the EMA at the model's parameters)
+    to the caller.
     """
 
     def __init__(self, topology: Topology | str | os.PathLike[str] | None = None,
