@@ -5,7 +5,10 @@ a link's bytes per second):
 
 - ``table_ii``: the paper's closed forms for N workers in C racks of G, with an intra-rack
   and an inter-rack per-byte delay;
-- ``simulate``: an iteration-level simulation on a concrete topology. Every collective is
+- ``simulate``: an iteration-level simulation on a concrete topology. What a strategy runs
+  in each iteration is its pattern (``dssync.patterns``: collectives, groups, sizes, order),
+  data the strategy shares, so the simulator imports neither torch nor a strategy and
+  models a strategy at any setting that shapes its pattern. Every collective is
   decomposed into the steps its algorithm takes (ring allreduce: ``2(n-1)`` steps of
   ``S/n`` bytes per member; hierarchical's reduce and broadcast: gloo's algorithms, a ring
   reduce-scatter plus a gather into the root, and a binomial tree of whole-buffer sends;
@@ -45,22 +48,15 @@ from typing import Any
 import numpy as np
 
 from dssync.bench.links import Network, background_streams, host_time, per_flow_times, step_time
+from dssync.patterns import MODELLED, Op, pattern, read_spec
 from dssync.planning.planner import plan
-from dssync.strategies import get_strategy, simulated
-from dssync.strategies.gossip import gossip_peers
 from dssync.topology import Topology
 
-__all__ = ["EXCHANGES", "STRATEGIES", "Network", "iteration_times", "rank_times", "ring_round", "simulate", "table_ii",
+__all__ = ["STRATEGIES", "Network", "iteration_times", "rank_times", "ring_round", "simulate", "table_ii",
            "with_contention"]
 
-#: The exchanges the cost model knows (``Strategy.exchange``): DDP's gradient buckets one after
-#: another; one ring allreduce of the world; reduce in each rack, ring among the racks'
-#: leaders, broadcast back; the world and the racks in turn (torch's hierarchical averager);
-#: one world allreduce every H iterations; gossip to ``i + 2^k``; every worker to and from
-#: every server shard; the planner's disjoint groups, all at once.
-EXCHANGES = ("buckets", "world-ring", "hierarchical", "periodic-racks", "outer-step", "gossip", "parameter-server",
-             "planned-groups")
-STRATEGIES = simulated()
+#: The strategies the simulator has a pattern of (``dssync.patterns``), in table order.
+STRATEGIES = MODELLED
 
 
 def _ring_groups(net: Network, groups: Sequence[Sequence[int]], size_bytes: float) -> np.ndarray:
@@ -137,25 +133,68 @@ def rank_times(net: Network, strategy: str, size_bytes: float, iterations: int) 
     the harness's per-rank figure, from the rank's first communication call to the end
     of its last, waits for peers included.
 
+    ``strategy`` is a name of ``dssync.patterns.MODELLED``, with the settings that shape its
+    communication (``ds-sync:world_first=0.25``, ``torch-hier:rack_period=2:world_period=8``);
+    unset ones are at the strategy's defaults. Its pattern (``dssync.patterns.pattern``)
+    says which collectives each iteration runs, among which groups, in which order.
+
     Every rank keeps its own clock. A collective starts when the last member of its group
     arrives and all members leave together: a collective of the whole world (allreduce,
-    ddp, hierarchical, diloco's outer step, torch-hier's world average) lines every rank up,
-    ds-sync's groups and torch-hier's racks line up their own members only. A gossip
-    transfer ``i -> i + 2^k`` starts when both ends are there, and a rank is done when its
-    send and its receive are. The parameter server's workers wait for nobody. A rank that
-    left a fast group early therefore waits, next iteration, for a group-mate still in a
-    slow one, and that wait is communication time. Every rank computes for the same time
-    between iterations, which shifts every clock alike, so compute does not appear.
-
-    Each strategy's settings are its defaults (``dssync train --strategy NAME``): ddp's
-    buckets, torch-hier's periods, diloco's inner steps.
+    ddp, diloco's outer step, torch-hier's world average) lines every rank up, ds-sync's
+    groups and torch-hier's racks line up their own members only, hierarchical's leaders
+    line up the leaders and each rack its own. A gossip transfer ``i -> i + 2^k`` starts
+    when both ends are there, and a rank is done when its send and its receive are. The
+    parameter server's workers wait for nobody. A rank that left a fast group early
+    therefore waits, next iteration, for a group-mate still in a slow one, and that wait is
+    communication time. Every rank computes for the same time between iterations, which
+    shifts every clock alike, so compute does not appear.
     """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r} for the simulator; choose from {', '.join(STRATEGIES)}")
-    exchange = get_strategy(strategy).exchange
-    if exchange == "gossip":
-        return _clocked(_gossip_rounds(net, size_bytes), iterations, net.world_size, _gossip_finish)
-    return _clocked(_group_rounds(net, exchange, size_bytes), iterations, net.world_size, _group_finish)
+    racks = [list(r) for r in net.topology().racks()]
+    name = read_spec(strategy)[0]
+    period = [list(map(list, part)) for part in plan(with_contention(net)).period] if name == "ds-sync" else ()
+    pat = pattern(strategy, racks, size_bytes, steps=iterations, plan_period=period)
+    priced: dict[Op, tuple] = {}
+    for it in pat.distinct():
+        for op in it:
+            if op not in priced:
+                priced[op] = _priced(net, op, len(priced))
+    out = np.zeros((iterations, net.world_size))
+    clock = np.zeros(net.world_size)
+    for t in range(iterations):
+        ops = pat.iteration(t)
+        if not ops:
+            continue
+        after = clock
+        for op in ops:
+            finish, args = priced[op]
+            after = finish(after, *args)
+        out[t] = after - clock
+        clock = after
+    return out
+
+
+def _priced(net: Network, op: Op, index: int) -> tuple[Any, tuple]:
+    """``op``'s finish rule (``_group_finish`` or ``_gossip_finish``) and its arguments:
+    what its groups cost when they run at once. ``index`` seeds a gossip round's order."""
+    groups = [list(g) for g in op.groups]
+    if op.kind == "allreduce":
+        return _group_finish, _as_round(groups, _ring_groups(net, groups, op.nbytes))
+    if op.kind == "reduce":
+        return _group_finish, _as_round(groups, np.full(len(groups), _reduce_time(net, groups, op.nbytes)))
+    if op.kind == "broadcast":
+        return _group_finish, _as_round(groups, np.full(len(groups), _broadcast_time(net, groups, op.nbytes)))
+    if op.kind == "push-pull":  # every worker pushes to and pulls from every shard; nobody waits
+        return _group_finish, _as_round(groups, np.full(len(groups), 2 * _all_to_all_time(net, op.nbytes)))
+    if op.kind == "send":
+        src = np.array([g[0] for g in groups], dtype=int)
+        dst = np.array([g[1] for g in groups], dtype=int)
+        sender = np.empty(net.world_size, dtype=int)
+        sender[dst] = src  # every rank receives from one
+        sizes = np.full(src.size, op.nbytes)
+        flow = np.maximum(per_flow_times(net, src, dst, sizes), host_time(net, src, dst, sizes))
+        link, sharing = _binding_links(net, src, dst)
+        return _gossip_finish, (dst, sender, flow, link, sharing, np.random.default_rng(index), net.alpha_s)
+    raise ValueError(f"the simulator cannot price a {op.kind!r} collective")
 
 
 def _as_round(groups: Sequence[Sequence[int]], durations: Sequence[float] | np.ndarray) -> tuple:
@@ -163,76 +202,6 @@ def _as_round(groups: Sequence[Sequence[int]], durations: Sequence[float] | np.n
     members = np.concatenate([np.asarray(g, dtype=int) for g in groups])
     offsets = np.cumsum([0] + [len(g) for g in groups[:-1]])
     return members, offsets, np.repeat(np.asarray(durations, dtype=float), [len(g) for g in groups])
-
-
-def _group_rounds(net: Network, exchange: str, size_bytes: float) -> list[Any]:
-    """One entry per iteration of the cycle of ``exchange`` (``EXCHANGES``, at its strategy's
-    defaults): a ``_group_finish`` round, or ``None`` for an iteration without communication."""
-    from dssync.strategies import DiLoCoStrategy, TorchHierStrategy
-
-    n = net.world_size
-    world = [list(range(n))]  # ranks are numbered rack by rack: the ring crosses each rack boundary once
-    racks = [list(r) for r in net.topology().racks()]
-    if exchange == "world-ring":
-        return [_as_round(world, [ring_round(net, world, size_bytes)])]
-    if exchange == "buckets":  # DDP's buckets, each its own allreduce, one after the other
-        return [_as_round(world, [sum(ring_round(net, world, b) for b in _buckets(size_bytes))])]
-    if exchange == "hierarchical":
-        leaders = [r[0] for r in racks]
-        seconds = _reduce_time(net, racks, size_bytes) + ring_round(net, [leaders], size_bytes) \
-            + _broadcast_time(net, racks, size_bytes)
-        return [_as_round(world, [seconds])]
-    if exchange == "periodic-racks":  # torch's averager: the largest period dividing its step counter (from 0)
-        cfg = TorchHierStrategy.Config()
-        everyone = _as_round(world, [ring_round(net, world, size_bytes)])
-        by_rack = _as_round(racks, _ring_groups(net, racks, size_bytes))
-        return [everyone if t % cfg.world_period == 0 else by_rack if t % cfg.rack_period == 0 else None
-                for t in range(cfg.world_period)]
-    if exchange == "outer-step":  # the outer step's allreduce after every H inner steps
-        h = DiLoCoStrategy.Config().inner_steps
-        return [None] * (h - 1) + [_as_round(world, [ring_round(net, world, size_bytes)])]
-    if exchange == "parameter-server":  # every worker pushes to and pulls from every shard; nobody waits
-        return [_as_round([[r] for r in range(n)], np.full(n, 2 * _all_to_all_time(net, size_bytes)))]
-    if exchange == "planned-groups":
-        out = []
-        for partition in plan(with_contention(net)).period:
-            groups = [list(g) for g in partition]
-            out.append(_as_round(groups, _ring_groups(net, groups, size_bytes)))
-        return out
-    raise ValueError(f"the simulator has no rounds for exchange {exchange!r} (gossip runs in _gossip_rounds)")
-
-
-def _buckets(size_bytes: float) -> list[float]:
-    """DDP's buckets for ``size_bytes`` of gradients: a first bucket of 1 MiB, then buckets of
-    ``bucket_cap_mb`` (torch's ``_DEFAULT_FIRST_BUCKET_BYTES`` and DDP's default cap)."""
-    from dssync.strategies import DDPStrategy
-
-    first, cap = float(1 << 20), DDPStrategy.Config().bucket_cap_mb * (1 << 20)
-    out = [min(size_bytes, first)]
-    rest = size_bytes - out[0]
-    while rest > 0:
-        out.append(min(rest, cap))
-        rest -= out[-1]
-    return out
-
-
-def _gossip_rounds(net: Network, size_bytes: float) -> list[Any]:
-    """Per offset ``2^k``: every rank's peers, its transfer's time under fair sharing, and the
-    link that binds the transfer with the number of the job's flows on it."""
-    n = net.world_size
-    ranks = np.arange(n)
-    rounds: list[Any] = []
-    for k in range(max(1, (n - 1).bit_length())):
-        if n < 2:
-            rounds.append(None)
-            continue
-        dst = np.array([gossip_peers(r, n, k)[0] for r in ranks], dtype=int)
-        src = np.array([gossip_peers(r, n, k)[1] for r in ranks], dtype=int)
-        sizes = np.full(n, size_bytes)
-        flow = np.maximum(per_flow_times(net, ranks, dst, sizes), host_time(net, ranks, dst, sizes))
-        link, sharing = _binding_links(net, ranks, dst)
-        rounds.append((dst, src, flow, link, sharing, np.random.default_rng(k), net.alpha_s))
-    return rounds
 
 
 def _binding_links(net: Network, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -308,19 +277,6 @@ def _gossip_finish(clock: np.ndarray, dst: np.ndarray, src: np.ndarray, flow: np
     position[order] = np.arange(link.size) - np.repeat(first, np.diff(np.r_[first, link.size]))
     sent = np.maximum(clock, clock[dst]) + alpha_s + flow * 2 * (position + 1) / (sharing + 1)
     return np.maximum(sent, sent[src])
-
-
-def _clocked(rounds: Sequence[Any], iterations: int, n: int, finish: Any) -> np.ndarray:
-    out = np.zeros((iterations, n))
-    clock = np.zeros(n)
-    for t in range(iterations):
-        rnd = rounds[t % len(rounds)]
-        if rnd is None:
-            continue
-        after = finish(clock, *rnd)
-        out[t] = after - clock
-        clock = after
-    return out
 
 
 def iteration_times(net: Network, strategy: str, size_bytes: float, iterations: int) -> np.ndarray:

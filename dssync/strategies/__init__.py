@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dssync.patterns import MODELLED
 from dssync.strategies.allreduce import AllreduceStrategy
 from dssync.strategies.asp import ASPStrategy
 from dssync.strategies.base import Strategy
@@ -58,8 +59,8 @@ def probing() -> list[str]:
 
 
 def simulated() -> tuple[str, ...]:
-    """The strategies ``dssync simulate`` has a cost model of (``Strategy.exchange``), in table order."""
-    return tuple(cls.name for cls in TABLE_ORDER if cls.exchange is not None)
+    """The strategies ``dssync simulate`` has a pattern of (``dssync.patterns``), in table order."""
+    return tuple(cls.name for cls in TABLE_ORDER if cls.name in MODELLED)
 
 
 def compared_by_default() -> tuple[str, ...]:

@@ -47,7 +47,6 @@ class GradientBuffer:
 
 class AllreduceStrategy(Strategy):
     name = "allreduce"
-    exchange = "world-ring"
     devices = ("cpu", "cuda")
     resumable = True  # nothing carried between iterations beyond the model and optimizer
 

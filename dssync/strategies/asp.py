@@ -33,7 +33,6 @@ SGD_SETTINGS = ("momentum", "dampening", "nesterov", "maximize")
 
 class ASPStrategy(Strategy):
     name = "asp"
-    exchange = "parameter-server"
     staleness: int | None = None
     settled_snapshots: ClassVar[bool] = False
     """Evaluate mid-run on the settled model (collective) rather than on a pull by rank 0."""

@@ -57,10 +57,6 @@ class Strategy(ABC):  # noqa: B024 - every hook has a no-op default
     probes: ClassVar[bool] = False
     """Whether it plans its groups around the measured network: ``dssync train`` then probes
     before training when the ranks span several hosts and no topology is given."""
-    exchange: ClassVar[str | None] = None
-    """How its ranks communicate in an iteration, as the cost model of ``dssync simulate``
-    has it (one of ``dssync.bench.simulate.EXCHANGES``); None where that model has no such
-    exchange."""
     compared: ClassVar[bool] = True
     """Whether ``dssync bench compare`` runs it when no ``--strategies`` are given (the
     parameter-server protocols built on ASP run in records of their own)."""

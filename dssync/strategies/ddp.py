@@ -46,7 +46,6 @@ def require_torch_distributed(strategy: str, comm: Any) -> None:
 
 class DDPStrategy(Strategy):
     name = "ddp"
-    exchange = "buckets"
     devices = ("cpu", "cuda")
     resumable = True  # nothing carried between iterations beyond the model and optimizer
 

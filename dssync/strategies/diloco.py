@@ -34,7 +34,6 @@ __all__ = ["DiLoCoStrategy"]
 
 class DiLoCoStrategy(Strategy):
     name = "diloco"
-    exchange = "outer-step"
     devices = ("cpu", "cuda")
 
     @dataclass(frozen=True, kw_only=True)

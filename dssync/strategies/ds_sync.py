@@ -37,7 +37,6 @@ __all__ = ["DSSyncStrategy"]
 
 class DSSyncStrategy(Strategy):
     name = "ds-sync"
-    exchange = "planned-groups"
     devices = ("cpu", "cuda")
     probes = True
     resumable = True

@@ -25,22 +25,14 @@ import torch
 from torch import nn
 
 from dssync.averaging.flat import flatten_parameters, world_average
+from dssync.patterns import gossip_peers
 from dssync.strategies.base import PeriodicConfig, Strategy, StrategyContext
 
-__all__ = ["GossipStrategy", "gossip_peers"]
-
-
-def gossip_peers(rank: int, world_size: int, step: int) -> tuple[int, int] | None:
-    """``(send to, receive from)`` of ``rank`` at iteration ``step``; ``None`` alone."""
-    if world_size < 2:
-        return None
-    offset = 1 << (step % (world_size - 1).bit_length())
-    return (rank + offset) % world_size, (rank - offset) % world_size
+__all__ = ["GossipStrategy"]
 
 
 class GossipStrategy(Strategy):
     name = "gossip"
-    exchange = "gossip"
     devices = ("cpu", "cuda")
 
     @dataclass(frozen=True, kw_only=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from dssync.patterns import rack_leaders
 from dssync.strategies.allreduce import GradientBuffer
 from dssync.strategies.base import Strategy, StrategyContext
 
@@ -20,7 +21,6 @@ __all__ = ["HierarchicalStrategy"]
 
 class HierarchicalStrategy(Strategy):
     name = "hierarchical"
-    exchange = "hierarchical"
     devices = ("cpu", "cuda")
 
     def __init__(self, ctx: StrategyContext, config: Strategy.Config | None = None) -> None:
@@ -28,7 +28,7 @@ class HierarchicalStrategy(Strategy):
         racks = [tuple(sorted(r)) for r in ctx.topology.racks()]
         self._rack = next(r for r in racks if self.comm.rank in r)
         self._leader = self._rack[0]
-        self._leaders = tuple(sorted(r[0] for r in racks))
+        self._leaders = rack_leaders(racks)
         self._grads = GradientBuffer(self.model)
 
     def setup(self) -> None:

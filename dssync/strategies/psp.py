@@ -28,7 +28,6 @@ __all__ = ["PSPStrategy"]
 
 class PSPStrategy(ASPStrategy):
     name = "psp"
-    exchange = None  # the simulator models ASP's exchange only
     compared = False
     settled_snapshots = True  # rounds track which workers are in; evaluations leave them as a whole
 

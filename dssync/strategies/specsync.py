@@ -39,7 +39,6 @@ class ResyncError(Exception):
 
 class SpecSyncStrategy(ASPStrategy):
     name = "specsync"
-    exchange = None  # the simulator models ASP's exchange only
     compared = False
 
     @dataclass(frozen=True, kw_only=True)

@@ -17,7 +17,6 @@ __all__ = ["SSPStrategy"]
 
 class SSPStrategy(ASPStrategy):
     name = "ssp"
-    exchange = None  # the simulator models ASP's exchange only
     compared = False
 
     @dataclass(frozen=True, kw_only=True)

@@ -118,7 +118,6 @@ def below_mean_minus_std(throughput: Sequence[float | None], min_gap: float = 0.
 
 class SyncSwitchStrategy(ASPStrategy):
     name = "sync-switch"
-    exchange = None  # the simulator models ASP's exchange only
     compared = False
     settled_snapshots = True  # rounds track which workers are in; evaluations leave them as a whole
 

@@ -59,7 +59,6 @@ def rack_averager(racks: list[list[int]], *, rack_period: int, world_period: int
 
 class TorchHierStrategy(Strategy):
     name = "torch-hier"
-    exchange = "periodic-racks"
     devices = ("cpu", "cuda")
 
     @dataclass(frozen=True, kw_only=True)

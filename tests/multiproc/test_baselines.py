@@ -19,7 +19,7 @@ from ranks import (
 
 from dssync.errors import DssyncError
 from dssync.launch import run_ranks
-from dssync.strategies.gossip import gossip_peers
+from dssync.patterns import gossip_peers
 
 NUMEL = 1001
 

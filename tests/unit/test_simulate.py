@@ -63,13 +63,12 @@ def test_unknown_strategy_is_named():
         iteration_times(Network((2, 2)), "nope", S, 1)
 
 
-def test_the_simulator_runs_each_strategy_by_the_exchange_it_declares_and_names_the_ones_it_cannot():
-    from dssync.bench.simulate import EXCHANGES, STRATEGIES
-    from dssync.strategies import REGISTRY
+def test_the_simulator_runs_each_strategy_with_a_pattern_and_names_the_ones_it_cannot():
+    from dssync.bench.simulate import STRATEGIES
+    from dssync.strategies import REGISTRY, simulated
 
-    declared = {name: cls.exchange for name, cls in REGISTRY.items() if cls.exchange is not None}
-    assert set(STRATEGIES) == set(declared)
-    assert sorted(declared.values()) == sorted(EXCHANGES)  # one strategy per exchange, each modelled
+    assert set(STRATEGIES) <= set(REGISTRY)
+    assert simulated() == STRATEGIES  # the registry's table order
     for name in sorted(set(REGISTRY) - set(STRATEGIES)):
         with pytest.raises(ValueError, match=f"unknown strategy '{name}' for the simulator; choose from ddp,"):
             rank_times(Network((2, 2)), name, S, 2)
@@ -162,12 +161,12 @@ def test_lockstep_strategies_spend_the_same_time_on_every_rank():
 
 
 def test_ddp_allreduces_its_buckets_one_after_the_other():
-    from dssync.bench.simulate import _buckets
+    from dssync.patterns import ddp_buckets
 
     net = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=ALPHA)
     assert iteration_times(net, "ddp", S, 2) == pytest.approx(iteration_times(net, "allreduce", S, 2))
     mib = 1 << 20
-    assert _buckets(60 * mib) == [mib, 25 * mib, 25 * mib, 9 * mib]
+    assert ddp_buckets(60 * mib, 25.0) == [mib, 25 * mib, 25 * mib, 9 * mib]
     ring = lambda size: 2 * 7 * (ALPHA + size / 8 / B)  # noqa: E731 - the alpha-beta ring, by hand
     assert iteration_times(net, "ddp", 60 * mib, 1)[0] == pytest.approx(ring(mib) + 2 * ring(25 * mib) + ring(9 * mib))
 
@@ -311,3 +310,14 @@ def test_the_local_fit_recovers_the_weight_of_streams_that_start_on_the_worker(w
     got = fit_local(samples, net)
     assert got["local_weight"] == pytest.approx(weight, rel=1e-3)
     assert got["local_fit_ratio_range"] == pytest.approx([1.0, 1.0], rel=1e-3)
+
+
+def test_the_simulator_prices_a_strategy_at_the_settings_given_with_it():
+    net = Network((3, 3), nic_bps=B, uplink_bps=B, alpha_s=ALPHA, uplink_out_streams={0: 8})
+    world = iteration_times(net, "allreduce", S, 8)
+    warm = iteration_times(net, "ds-sync:world_first=0.5", S, 8)
+    plain = iteration_times(net, "ds-sync", S, 8)
+    # The first half of the run averages over the world, at allreduce's price; then the plan's rounds.
+    assert warm[:4] == pytest.approx(world[:4])
+    assert warm[4:] == pytest.approx(plain[4:])
+    assert np.count_nonzero(iteration_times(net, "local-sgd:period=4", S, 8)) == 2

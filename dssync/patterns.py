@@ -1,0 +1,196 @@
+"""What each strategy communicates in an iteration, as data the strategy and ``dssync simulate`` share.
+
+A strategy's *pattern* says, for every iteration ``t`` of a run, which collectives its ranks
+run, among which groups, on how many bytes, in which order (``Pattern.iteration(t)``, a tuple
+of ``Op``). The strategies take their peers and groups from here (``gossip_peers``,
+``rack_leaders``, ``ddp_buckets``), and a unit test runs each strategy on a recording world
+and checks that the calls it makes are its pattern's. ``dssync simulate`` prices the same
+patterns, so it models a strategy at any of the settings below, not only at its defaults,
+without importing a strategy or torch.
+
+Kinds of ``Op`` (every group of one ``Op`` runs at once, ranks numbered rack by rack):
+
+- ``allreduce``: each group ring-allreduces ``nbytes`` (a group of one does nothing);
+- ``reduce``: each group reduces ``nbytes`` into its first rank (gloo: a ring reduce-scatter,
+  then every member's share into the root);
+- ``broadcast``: each group's first rank sends ``nbytes`` to the rest (gloo: a binomial tree);
+- ``send``: each group is ``(src, dst)``, a transfer of ``nbytes``; every rank sends one and
+  receives one (gossip);
+- ``push-pull``: every rank pushes ``nbytes`` to the parameter server's shards, spread evenly
+  over every rank, and pulls as much back (ASP); a group is one rank, who waits for nobody.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["DEFAULTS", "MODELLED", "Op", "Pattern", "ddp_buckets", "gossip_peers", "pattern", "rack_leaders",
+           "read_spec"]
+
+Group = tuple[int, ...]
+
+#: The strategies that have a pattern, in the order benchmark tables list them.
+MODELLED = ("ddp", "allreduce", "hierarchical", "torch-hier", "diloco", "local-sgd", "gossip", "asp", "ds-sync")
+
+#: Each modelled strategy's settings that shape what it communicates, at their defaults (the
+#: defaults of the strategy's own ``Config``; a unit test holds the two together).
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "ddp": {"bucket_cap_mb": 25.0},
+    "allreduce": {},
+    "hierarchical": {},
+    "torch-hier": {"rack_period": 1, "world_period": 4},
+    "diloco": {"inner_steps": 20},
+    "local-sgd": {"period": 8},
+    "gossip": {"period": 1},
+    "asp": {},
+    "ds-sync": {"world_every": 0, "world_first": 0.0},
+}
+
+#: DDP's first bucket (torch's ``_DEFAULT_FIRST_BUCKET_BYTES``).
+DDP_FIRST_BUCKET_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Op:
+    """One collective that disjoint ``groups`` run at once (the module's docstring has the kinds)."""
+
+    kind: str
+    groups: tuple[Group, ...]
+    nbytes: float
+
+
+Iteration = tuple[Op, ...]
+"""An iteration's ``Op``s, one after the other; ``()`` for an iteration without communication."""
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """Iteration ``t`` is ``first[t]`` for the first ``len(first)`` iterations, then
+    ``cycle[t % len(cycle)]`` (counted from 0, not from the end of ``first``)."""
+
+    first: tuple[Iteration, ...]
+    cycle: tuple[Iteration, ...]
+
+    def iteration(self, t: int) -> Iteration:
+        return self.first[t] if t < len(self.first) else self.cycle[t % len(self.cycle)]
+
+    def distinct(self) -> list[Iteration]:
+        """Each distinct iteration once, in order of first appearance."""
+        return list(dict.fromkeys([*self.first, *self.cycle]))
+
+
+def gossip_peers(rank: int, world_size: int, step: int) -> tuple[int, int] | None:
+    """``(send to, receive from)`` of ``rank`` at gossip exchange ``step``: offset
+    ``2^(step mod ceil(log2 n))``; ``None`` alone."""
+    if world_size < 2:
+        return None
+    offset = 1 << (step % (world_size - 1).bit_length())
+    return (rank + offset) % world_size, (rank - offset) % world_size
+
+
+def rack_leaders(racks: Sequence[Sequence[int]]) -> Group:
+    """Each rack's lowest rank, sorted: hierarchical's ring among the racks."""
+    return tuple(sorted(min(r) for r in racks))
+
+
+def ddp_buckets(nbytes: float, bucket_cap_mb: float) -> list[float]:
+    """DDP's buckets for ``nbytes`` of gradients: a first bucket of 1 MiB, then buckets of
+    ``bucket_cap_mb``."""
+    first, cap = float(DDP_FIRST_BUCKET_BYTES), bucket_cap_mb * (1 << 20)
+    out = [min(nbytes, first)]
+    rest = nbytes - out[0]
+    while rest > 0:
+        out.append(min(rest, cap))
+        rest -= out[-1]
+    return out
+
+
+def read_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``"ds-sync:world_first=0.25"`` -> ``("ds-sync", {"world_every": 0, "world_first": 0.25})``:
+    a modelled strategy and its settings over ``DEFAULTS``, each read as its default's type.
+    A name or setting the patterns do not know is a ``ValueError`` naming it."""
+    name, *parts = [p.strip() for p in spec.split(":")]
+    if name not in DEFAULTS:
+        raise ValueError(f"unknown strategy {name!r} for the simulator; choose from {', '.join(MODELLED)}")
+    settings = dict(DEFAULTS[name])
+    for part in filter(None, parts):
+        key, eq, value = part.partition("=")
+        if not eq or key not in settings:
+            known = ", ".join(settings) or "none"
+            raise ValueError(f"{spec!r}: {part!r} is not a setting that shapes {name}'s communication "
+                             f"(KEY=VALUE; the simulator models: {known})")
+        kind = type(DEFAULTS[name][key])
+        try:
+            settings[key] = kind(value)
+        except ValueError:
+            raise ValueError(f"{spec!r}: {key} must be {kind.__name__}, got {value!r}") from None
+    return name, settings
+
+
+def pattern(spec: str, racks: Sequence[Sequence[int]], nbytes: float, *, steps: int = 0,
+            plan_period: Sequence[Sequence[Sequence[int]]] = ()) -> Pattern:
+    """The pattern of ``spec`` (a name from ``MODELLED``, with ``:KEY=VALUE`` settings) on
+    ``racks`` when every rank exchanges a model of ``nbytes``, in a run of ``steps`` iterations
+    (ds-sync's ``world_first`` is a fraction of them). ``plan_period``: ds-sync's planned
+    rounds, each a partition of the ranks (``planner.plan(...).period``)."""
+    name, s = read_spec(spec)
+    racks = [tuple(sorted(r)) for r in racks]
+    n = sum(len(r) for r in racks)
+    world: tuple[Group, ...] = (tuple(range(n)),)
+
+    def every(period: int, op: Iteration) -> tuple[Iteration, ...]:
+        return ((),) * (period - 1) + (op,)
+
+    world_average: Iteration = (Op("allreduce", world, nbytes),)
+    if name in ("allreduce", "ddp"):
+        sizes = [nbytes] if name == "allreduce" else ddp_buckets(nbytes, s["bucket_cap_mb"])
+        return Pattern((), (tuple(Op("allreduce", world, b) for b in sizes),))
+    if name == "hierarchical":
+        local = tuple(r for r in racks if len(r) > 1)
+        ops = [Op("reduce", local, nbytes)] if local else []
+        if len(racks) > 1:
+            ops.append(Op("allreduce", (rack_leaders(racks),), nbytes))
+        if local:
+            ops.append(Op("broadcast", local, nbytes))
+        return Pattern((), (tuple(ops),))
+    if name == "torch-hier":  # torch's averager: the largest period dividing the step counter (from 0)
+        rack, wp = s["rack_period"], s["world_period"]
+        if rack < 1 or wp < 1 or wp % rack:
+            raise ValueError(f"{spec!r}: periods must be at least 1 and world_period a multiple of rack_period")
+        by_rack = (Op("allreduce", tuple(racks), nbytes),)
+        return Pattern((), tuple(world_average if t % wp == 0 else by_rack if t % rack == 0 else ()
+                                 for t in range(wp)))
+    if name in ("diloco", "local-sgd"):  # one world average after every H (period) local steps
+        h = s["inner_steps"] if name == "diloco" else s["period"]
+        if h < 1:
+            raise ValueError(f"{spec!r}: the period must be at least 1, got {h}")
+        return Pattern((), every(h, world_average))
+    if name == "gossip":
+        period = s["period"]
+        if period < 1:
+            raise ValueError(f"{spec!r}: period must be at least 1, got {period}")
+        if n < 2:
+            return Pattern((), ((),))
+        rounds = []
+        for k in range(max(1, (n - 1).bit_length())):
+            pairs = tuple((r, gossip_peers(r, n, k)[0]) for r in range(n))
+            rounds += every(period, (Op("send", pairs, nbytes),))
+        return Pattern((), tuple(rounds))
+    if name == "asp":
+        return Pattern((), ((Op("push-pull", tuple((r,) for r in range(n)), nbytes),),))
+    # ds-sync: the plan's rounds, the world in place of every world_every-th iteration and
+    # of each of the first world_first of the run's
+    if not plan_period:
+        raise ValueError("ds-sync's pattern needs the plan's rounds (plan_period)")
+    every_k, frac = s["world_every"], s["world_first"]
+    if every_k < 0 or not 0 <= frac < 1:
+        raise ValueError(f"{spec!r}: world_every must be 0 or more and world_first in [0, 1)")
+    rounds = [(Op("allreduce", tuple(tuple(sorted(g)) for g in part), nbytes),) for part in plan_period]
+    length = math.lcm(len(rounds), every_k) if every_k else len(rounds)
+    cycle = tuple(world_average if every_k and (t + 1) % every_k == 0 else rounds[t % len(rounds)]
+                  for t in range(length))
+    first = math.ceil(frac * steps)
+    return Pattern(tuple(world_average for _ in range(first)), cycle)
