@@ -87,8 +87,9 @@ def compare(scenarios: Sequence[str], strategies: Sequence[str], *, task: str = 
         nic, uplink = (emulate.format_rate(round(emulate.parse_rate(spec[k]) * rate_scale)) for k in ("nic", "uplink"))
         with emulate.cluster(spec["rack_sizes"], nic=nic, uplink=uplink, name=name), \
                 tempfile.TemporaryDirectory() as tmp:
-            if spec["flows"] or cpu:
-                emulate.contend(name=name, flows=spec["flows"], cpu=cpu)
+            emulate.contend_scenario(spec, name=name, rate_scale=rate_scale)
+            if cpu:
+                emulate.contend(name=name, cpu=cpu)
 
             def run(strategy: str, rep: int, goal: float | None, scenario: str = scenario,
                     common: dict[str, Any] = common, tmp: str = tmp) -> None:

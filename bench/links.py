@@ -43,6 +43,8 @@ class Network:
     nic_out_streams: dict[int, int] = field(default_factory=dict)
     """Background streams leaving worker i through its NIC (and, with ``nic_crosses``, its rack's uplink)."""
     nic_crosses_uplink: bool = True
+    slow_nics: dict[int, float] = field(default_factory=dict)
+    """Workers whose NIC runs below ``nic_bps``: rank -> bytes/s, each direction."""
     host_bps: float = float("inf")
     """Veth-bytes per second the machine hosting an emulated cluster can move (every byte
     counted once per veth it crosses: two inside a rack, four between racks); ``inf`` for a
@@ -51,6 +53,13 @@ class Network:
     @property
     def world_size(self) -> int:
         return sum(self.rack_sizes)
+
+    def nics(self) -> np.ndarray:
+        """Each worker's NIC rate, bytes/s."""
+        out = np.full(self.world_size, float(self.nic_bps))
+        for i, bps in self.slow_nics.items():
+            out[i] = bps
+        return out
 
     def rack_of(self) -> np.ndarray:
         return np.repeat(np.arange(len(self.rack_sizes)), self.rack_sizes)
@@ -93,10 +102,11 @@ def per_flow_times(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.nd
     up_out = np.bincount(rs[cross], minlength=num_racks).astype(float)
     up_in = np.bincount(rd[cross], minlength=num_racks).astype(float)
     bg_nic, bg_up = background_streams(net)
+    nics = net.nics()
     rates = []  # (rate alone, rate with the background, job flows on the link) per link a flow crosses
     for bg in (0, 1):
-        rate = np.minimum(_share(net.nic_bps, nic_out[src], bg * net.local_weight * bg_nic[src]),
-                          net.nic_bps / nic_in[dst])
+        rate = np.minimum(_share(nics[src], nic_out[src], bg * net.local_weight * bg_nic[src]),
+                          nics[dst] / nic_in[dst])
         rate[cross] = np.minimum(rate[cross], np.minimum(
             _share(net.uplink_bps, up_out[rs[cross]], bg * net.background_weight * bg_up[rs[cross]]),
             net.uplink_bps / up_in[rd[cross]]))

@@ -66,11 +66,12 @@ def network_of(scenario: str, *, alpha_s: float = 0.0, efficiency: float = 1.0, 
             uplink_bg[index] = uplink_bg.get(index, 0) + emulate.FLOW_STREAMS
         else:
             nic_bg[index] = nic_bg.get(index, 0) + emulate.FLOW_STREAMS
+    slow = {int(i): emulate.parse_rate(rate) * rate_scale / 8 for i, rate in spec.get("nics", {}).items()}
     return Network(tuple(spec["rack_sizes"]), nic_bps=emulate.parse_rate(spec["nic"]) * rate_scale / 8,
                    uplink_bps=emulate.parse_rate(spec["uplink"]) * rate_scale / 8, alpha_s=alpha_s,
                    efficiency=efficiency, background_weight=background_weight, local_weight=local_weight,
                    head_bytes=head_bytes, queue_s=queue_s,
-                   uplink_out_streams=uplink_bg, nic_out_streams=nic_bg, host_bps=host_bps)
+                   uplink_out_streams=uplink_bg, nic_out_streams=nic_bg, slow_nics=slow, host_bps=host_bps)
 
 
 def scaled_rates(scenario: str, rate_scale: float) -> tuple[str, str]:
@@ -278,8 +279,7 @@ def measure(scenarios: Sequence[str], strategies: Sequence[str], *, seeds: Seque
         with emulate.cluster(spec["rack_sizes"], nic=nic, uplink=uplink, name=name), \
                 tempfile.TemporaryDirectory() as tmp:
             topo = _topology_file(Path(tmp), scenario)
-            if spec["flows"]:
-                emulate.contend(name=name, flows=spec["flows"])
+            emulate.contend_scenario(spec, name=name, rate_scale=rate_scale)
             for seed in seeds:
                 for strategy in strategies:
                     restarted = 0
@@ -290,7 +290,7 @@ def measure(scenarios: Sequence[str], strategies: Sequence[str], *, seeds: Seque
                         if not dead:
                             break
                         emulate.contend(name=name, clear=True)
-                        emulate.contend(name=name, flows=spec["flows"])
+                        emulate.contend_scenario(spec, name=name, rate_scale=rate_scale)
                         restarted += 1
                     else:
                         raise emulate.EmulationError(f"background flows {', '.join(dead)} ended during three "

@@ -214,7 +214,7 @@ def _binding_links(net: Network, src: np.ndarray, dst: np.ndarray) -> tuple[np.n
     count = np.bincount(ids[ids >= 0], minlength=2 * n + 2 * len(net.rack_sizes)).astype(float)
     bg_nic, bg_up = background_streams(net)
     bg = np.concatenate([bg_nic, np.zeros(n), bg_up, np.zeros(len(net.rack_sizes))])
-    caps = np.concatenate([np.full(2 * n, net.nic_bps), np.full(2 * len(net.rack_sizes), net.uplink_bps)])
+    caps = np.concatenate([net.nics(), net.nics(), np.full(2 * len(net.rack_sizes), net.uplink_bps)])
     weight = np.concatenate([np.full(n, net.local_weight), np.full(n, 0.0), np.full(2 * len(net.rack_sizes),
                                                                                   net.background_weight)])
     share = np.where(ids >= 0, caps[ids] / (count[ids] + weight[ids] * bg[ids]), np.inf)
@@ -237,10 +237,11 @@ def _all_to_all_time(net: Network, size_bytes: float) -> float:
     live = crossing > 0
     share = size_bytes / n
     # the slowest flow on a link without background streams ...
-    rate = min(net.nic_bps / (n - 1), float((net.uplink_bps / crossing[live]).min()) if live.any() else np.inf)
+    nics = net.nics()
+    rate = min(float(nics.min()) / (n - 1), float((net.uplink_bps / crossing[live]).min()) if live.any() else np.inf)
     seconds = share / (net.efficiency * rate)
     # ... and on each link with them (a NIC, an uplink), as per_flow_times prices it
-    for bps, flows, k in [(net.nic_bps, n - 1, net.local_weight * b) for b in bg_nic[bg_nic > 0]] + \
+    for bps, flows, k in [(nics[i], n - 1, net.local_weight * bg_nic[i]) for i in np.flatnonzero(bg_nic)] + \
             [(net.uplink_bps, c, net.background_weight * b) for c, b in zip(crossing[live], bg_up[live], strict=True)
              if b > 0]:
         head = min(share, net.head_bytes / flows)
@@ -290,7 +291,8 @@ def with_contention(net: Network) -> Topology:
     base = net.topology()
     uplinks = sorted(set(net.uplink_out_streams) | ({int(net.rack_of()[i]) for i in net.nic_out_streams}
                                                       if net.nic_crosses_uplink else set()))
-    contention = {"uplinks": [{"rack": r} for r in uplinks], "nics": [{"rank": i} for i in sorted(net.nic_out_streams)]}
+    contention = {"uplinks": [{"rack": r} for r in uplinks],
+                  "nics": [{"rank": i} for i in sorted(set(net.nic_out_streams) | set(net.slow_nics))]}
     data = base.to_dict()
     data["contention"] = contention
     return Topology.from_dict(data)

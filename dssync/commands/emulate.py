@@ -75,19 +75,20 @@ def _up(args: argparse.Namespace) -> int:
     if args.latency is not None:
         raise ValueError("--latency needs the sch_netem qdisc, which this dssync does not use yet; "
                          "leave it out (racks differ by their shaped uplinks)")
-    flows = []
+    spec: dict = {"flows": []}
     if args.scenario:
         spec = emulate.SCENARIOS[args.scenario]
-        sizes, flows = spec["rack_sizes"], spec["flows"]
+        sizes = spec["rack_sizes"]
         nic, uplink = args.nic or spec["nic"], args.uplink or spec["uplink"]
     else:
         sizes = rack_sizes_from_args(args)
         nic, uplink = args.nic or "1gbit", args.uplink or "1gbit"
     emulate.parse_rate(nic), emulate.parse_rate(uplink)  # fail on a bad rate before building
     cluster = emulate.up(sizes, nic=nic, uplink=uplink, name=args.name)
-    if flows:
-        emulate.contend(name=args.name, flows=flows)
+    flows, slow = spec["flows"], spec.get("nics", {})
+    emulate.contend_scenario(spec, name=args.name)
     print(f"emulated cluster {args.name!r} up: racks {sizes}, NIC {nic}, uplink {uplink}"
+          + (f", NICs rate-limited {slow}" if slow else "")
           + (f", background flows {[f'{k}:{i}' for k, i in flows]}" if flows else "")
           + f"; workers {cluster.worker_addr(0)}..{cluster.worker_addr(cluster.world_size - 1)}")
     return 0

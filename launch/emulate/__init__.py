@@ -18,7 +18,7 @@ from .build import attach_worker as attach_worker
 from .build import cluster, down, up
 from .contention import CGROUP_ROOT as CGROUP_ROOT
 from .contention import CPU_PERIOD_US as CPU_PERIOD_US
-from .contention import contend, dead_flows, parse_cpu_limit, parse_flow
+from .contention import contend, contend_scenario, dead_flows, parse_cpu_limit, parse_flow
 from .contention import cpu_cgroup as cpu_cgroup
 from .episodes import MAX_EPISODE_S as MAX_EPISODE_S
 from .episodes import Episode, check_episodes, parse_episode
@@ -57,6 +57,7 @@ __all__ = [
     "check_support",
     "cluster",
     "contend",
+    "contend_scenario",
     "dead_flows",
     "down",
     "format_rate",

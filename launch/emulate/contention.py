@@ -23,6 +23,7 @@ from .state import (
     Cluster,
     EmulationError,
     check_name,
+    format_rate,
     load_state,
     parse_rate,
     save_state,
@@ -197,6 +198,17 @@ def _start_flow(c: Cluster, kind: str, index: int, streams: int) -> dict:
                                  f"{client.stderr.read().decode().strip()}")
     return {"kind": kind, "index": index, "streams": streams, "port": port,
             "pids": [server.pid, client.pid]}
+
+
+def contend_scenario(spec: dict, *, name: str = DEFAULT_NAME, rate_scale: float = 1.0) -> Cluster:
+    """Put a scenario's contention (``SCENARIOS``) on cluster ``name``: its rate-limited NICs
+    (``nics``, times ``rate_scale`` as the cluster's own rates are), then its background flows."""
+    c = load_state(name)
+    for rank, rate in sorted(spec.get("nics", {}).items()):
+        c = contend(name=name, rank=int(rank), nic=format_rate(round(parse_rate(rate) * rate_scale)))
+    if spec["flows"]:
+        c = contend(name=name, flows=spec["flows"])
+    return c
 
 
 def dead_flows(name: str = DEFAULT_NAME) -> list[str]:

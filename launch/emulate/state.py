@@ -161,6 +161,12 @@ SCENARIOS: dict[str, dict] = {
     # 9's NIC (in rack 3) with another job's flow inside its rack: both kinds of bottleneck at once.
     "four-rack": {"rack_sizes": [3, 2, 3, 4], "nic": "1gbit", "uplink": "1gbit",
                   "flows": [("rack", 2), ("nic", 9)]},
+    # inter-rack+nic's two bottlenecks, each of a kind whose share holds still, for validating
+    # the simulator: rack 0's uplink shared with another job's flows from a host of its own
+    # (not a worker), and worker 4's NIC rate-limited to a quarter (``nics``: rank -> rate, at
+    # the scenario's scale) instead of another job's flows starting on worker 4's own host.
+    "inter-rack+slow-nic": {"rack_sizes": [5, 3], "nic": "1gbit", "uplink": "1gbit", "flows": [("rack", 0)],
+                            "nics": {4: "250mbit"}},
 }
 
 
@@ -168,12 +174,13 @@ def scenario_contention(spec: dict) -> tuple[list[int], list[int]]:
     """``(racks whose uplink, ranks whose NIC)`` a scenario's background flows contend: its
     ground truth, what a probe or the online regrouping should flag and nothing else.
     ``rack:I`` crosses rack I's uplink, ``rank:I`` worker I's NIC and its rack's uplink,
-    ``nic:I`` worker I's NIC only; ``cpu:I`` is no traffic."""
+    ``nic:I`` worker I's NIC only; ``cpu:I`` is no traffic. A rate-limited NIC (``nics``)
+    is a slow NIC too."""
     edges = list(itertools.accumulate(spec["rack_sizes"]))
     flows = spec["flows"]
     uplinks = {i for kind, i in flows if kind == "rack"} | \
         {bisect.bisect_right(edges, i) for kind, i in flows if kind == "rank"}  # the worker's rack
-    return sorted(uplinks), sorted({i for kind, i in flows if kind in ("rank", "nic")})
+    return sorted(uplinks), sorted({i for kind, i in flows if kind in ("rank", "nic")} | set(spec.get("nics", {})))
 
 
 # -- plumbing --------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ TRUTH = {
     "inter-rack+nic": ([0], [4]),  # another job from worker 4, through its NIC and rack 0's uplink
     "three-rack": ([0], []),
     "four-rack": ([2], [9]),  # across rack 2's uplink; inside rack 3, through worker 9's NIC
+    "inter-rack+slow-nic": ([0], [4]),  # another job across rack 0's uplink; worker 4's NIC at a quarter
 }
 
 

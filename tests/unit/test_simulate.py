@@ -86,6 +86,9 @@ def test_the_simulator_models_each_emulated_scenario_with_its_background_streams
     quarter = network_of("inter-rack", alpha_s=ALPHA, rate_scale=0.25)
     assert quarter.nic_bps == quarter.uplink_bps == 125e6 / 4
     assert quarter.uplink_out_streams == inter.uplink_out_streams
+    slow = network_of("inter-rack+slow-nic", alpha_s=ALPHA, rate_scale=0.05)
+    assert (slow.rack_sizes, slow.uplink_out_streams, slow.nic_out_streams) == ((5, 3), {0: FLOW_STREAMS}, {})
+    assert slow.slow_nics == {4: pytest.approx(250e6 * 0.05 / 8)}
     with pytest.raises(ValueError, match="rate_scale must be positive"):
         network_of("static", alpha_s=ALPHA, rate_scale=0)
     record = {"rows": [{"scenario": "static", "strategy": "gossip", "seed": s, "wall_ms": 10.0, "sim_wall_ms": 8.0,
@@ -205,6 +208,7 @@ def test_the_parameter_servers_closed_form_matches_every_flow_priced_one_by_one(
                   alpha_s=ALPHA * rng.integers(0, 2), efficiency=rng.uniform(0.5, 1),
                   uplink_out_streams={int(r): int(rng.integers(1, 9)) for r in rng.choice(len(sizes), rng.integers(0, 2))},
                   nic_out_streams={int(i): int(rng.integers(1, 4)) for i in rng.choice(n, rng.integers(0, 3))},
+                  slow_nics={int(i): B * rng.uniform(0.05, 0.5) for i in rng.choice(n, rng.integers(0, 3))},
                   host_bps=float(rng.choice([np.inf, 0.3e9])))
     src, dst = np.repeat(np.arange(n), n), np.tile(np.arange(n), n)
     keep = src != dst
@@ -321,3 +325,12 @@ def test_the_simulator_prices_a_strategy_at_the_settings_given_with_it():
     assert warm[:4] == pytest.approx(world[:4])
     assert warm[4:] == pytest.approx(plain[4:])
     assert np.count_nonzero(iteration_times(net, "local-sgd:period=4", S, 8)) == 2
+
+
+def test_a_slow_nic_bounds_every_flow_through_it_and_is_planned_around():
+    from dssync.bench.simulate import with_contention
+
+    net = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=0.0, slow_nics={5: B / 4})
+    # The world's ring passes through worker 5's NIC at a quarter of the rate, both ways.
+    assert iteration_times(net, "allreduce", S, 1)[0] == pytest.approx(2 * 7 * (S / 8) / (B / 4))
+    assert with_contention(net).to_dict()["contention"]["nics"] == [{"rank": 5}]
