@@ -340,9 +340,12 @@ def simcheck(scenarios: Sequence[str], strategies: Sequence[str], *, seeds: Sequ
              model_mb: float = 1.0, steps: int = 20, warmup: int = 4, rate_scale: float = 0.05,
              name: str = "simchk", timeout_s: float = 900.0,
              progress: Callable[[str, dict[str, Any]], None] | None = None,
-             save: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+             save: Callable[[dict[str, Any]], None] | None = None,
+             calibrated: dict[str, Any] | None = None) -> dict[str, Any]:
     """All three stages and the prediction: the record ``dssync bench simcheck`` writes.
-    ``save`` gets the record as it grows, after every stage and every job."""
+    ``save`` gets the record as it grows, after every stage and every job. ``calibrated``:
+    a simcheck record at the same rate scale, model size and iteration window whose
+    calibration and CPU-share rows this one takes instead of measuring its own (stage 3 only)."""
     unknown = [s for s in scenarios if s not in emulate.SCENARIOS]
     if unknown:
         raise ValueError(f"unknown scenario {unknown[0]!r}; choose from {', '.join(emulate.SCENARIOS)}")
@@ -356,17 +359,29 @@ def simcheck(scenarios: Sequence[str], strategies: Sequence[str], *, seeds: Sequ
     keep = save or (lambda record: None)
     record: dict[str, Any] = {"model_mb": model_mb, "model_bytes": _model_bytes(model_mb), "steps": steps,
                               "warmup": warmup, "rate_scale": rate_scale, "seeds": list(seeds)}
-    record["calibration"] = calibrate(rate_scale=rate_scale, name=f"{name}c", timeout_s=timeout_s)
+    if calibrated is not None:
+        same = {k: calibrated.get(k) for k in ("rate_scale", "model_mb", "steps", "warmup")}
+        if same != {k: record[k] for k in same}:
+            raise ValueError(f"the calibrated record was measured at {same}, this run is at "
+                             f"{ {k: record[k] for k in same} }")
+        missing = sorted(set(strategies) - {r["strategy"] for r in calibrated["cpu"]})
+        if missing:
+            raise ValueError(f"the calibrated record has no CPU-share row of {', '.join(missing)}")
+        record["calibration"] = calibrated["calibration"]
+        record["cpu"], record["jobs"] = [r for r in calibrated["cpu"] if r["strategy"] in strategies], []
+    else:
+        record["calibration"] = calibrate(rate_scale=rate_scale, name=f"{name}c", timeout_s=timeout_s)
+        record["cpu"], record["jobs"] = [], []
     say("calibration", record["calibration"])
-    record["cpu"], record["jobs"] = [], []
 
     def add(stage: str, row: dict[str, Any]) -> None:
         record[stage].append(row)
         keep(record)
         say(stage, row)
     keep(record)
-    cpu_times(strategies, model_mb=model_mb, steps=steps, warmup=warmup, name=f"{name}u", timeout_s=timeout_s,
-              progress=lambda r: add("cpu", r))
+    if calibrated is None:
+        cpu_times(strategies, model_mb=model_mb, steps=steps, warmup=warmup, name=f"{name}u", timeout_s=timeout_s,
+                  progress=lambda r: add("cpu", r))
     measure(scenarios, strategies, seeds=seeds, model_mb=model_mb, steps=steps, warmup=warmup,
             rate_scale=rate_scale, name=name, timeout_s=timeout_s, progress=lambda r: add("jobs", r))
     static = {(r["strategy"]): r["wall_ms"] for r in record["jobs"] if r["scenario"] == "static" and r["seed"] == seeds[0]}

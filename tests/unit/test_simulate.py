@@ -334,3 +334,16 @@ def test_a_slow_nic_bounds_every_flow_through_it_and_is_planned_around():
     # The world's ring passes through worker 5's NIC at a quarter of the rate, both ways.
     assert iteration_times(net, "allreduce", S, 1)[0] == pytest.approx(2 * 7 * (S / 8) / (B / 4))
     assert with_contention(net).to_dict()["contention"]["nics"] == [{"rank": 5}]
+
+
+def test_simcheck_takes_a_calibration_only_from_a_record_measured_the_same_way():
+    import json
+    from pathlib import Path
+
+    from dssync.bench.simcheck import simcheck
+
+    record = json.loads((Path(__file__).parents[2] / "bench/results/simcheck.json").read_text())
+    with pytest.raises(ValueError, match="the calibrated record was measured at"):
+        simcheck(["static"], ["ddp"], rate_scale=0.1, calibrated=record)
+    with pytest.raises(ValueError, match="has no CPU-share row of local-sgd"):
+        simcheck(["static"], ["ddp", "local-sgd"], calibrated=record)

@@ -33,6 +33,10 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
                    "cores take at least 80%% of a job's time)")
     k.add_argument("--from", dest="source", metavar="RECORD.json",
                    help="a simcheck record: re-run the model on its measurements, run nothing")
+    k.add_argument("--calibrated", metavar="RECORD.json",
+                   help="take the calibration and the CPU-share rows from this simcheck record (same --rate-scale, "
+                   "--model-mb, --steps, --warmup) and measure only the jobs: a new scenario against a model "
+                   "fitted once")
     k.add_argument("--json", metavar="OUT")
     k.add_argument("--markdown", metavar="OUT")
     k.set_defaults(run=outputs_checked(run_simcheck))
@@ -61,10 +65,19 @@ def run_simcheck(args: argparse.Namespace) -> int:
             else:
                 console.print(f"{stage} {r['scenario']} {r['strategy']} seed {r['seed']}: wall {r['wall_ms']:.1f} "
                               f"ms/iter, per-rank comm {r['comm_ms']:.1f}")
+        calibrated = None
+        if args.calibrated:
+            try:
+                calibrated = json.loads(Path(args.calibrated).read_text())
+                calibrated["calibration"], calibrated["cpu"]  # noqa: B018 - what the run takes from it
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"--calibrated {args.calibrated} is not a simcheck record: {exc}") from None
         record = simcheck([s.strip() for s in args.scenario.split(",") if s.strip()],
                           [s.strip() for s in args.strategies.split(",") if s.strip()],
                           seeds=range(args.seeds), model_mb=args.model_mb, steps=args.steps, warmup=args.warmup,
                           rate_scale=args.rate_scale, progress=say,
-                          save=(lambda r: write_json(args.json, r)) if args.json else None)
+                          save=(lambda r: write_json(args.json, r)) if args.json else None, calibrated=calibrated)
+        if args.calibrated:
+            record["calibrated_from"] = args.calibrated
     report_records(markdown_table(record), record, args)
     return 0
