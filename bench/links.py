@@ -45,6 +45,8 @@ class Network:
     nic_crosses_uplink: bool = True
     slow_nics: dict[int, float] = field(default_factory=dict)
     """Workers whose NIC runs below ``nic_bps``: rank -> bytes/s, each direction."""
+    slow_uplinks: dict[int, float] = field(default_factory=dict)
+    """Racks whose uplink runs below ``uplink_bps``: rack -> bytes/s, each direction."""
     host_bps: float = float("inf")
     """Veth-bytes per second the machine hosting an emulated cluster can move (every byte
     counted once per veth it crosses: two inside a rack, four between racks); ``inf`` for a
@@ -59,6 +61,13 @@ class Network:
         out = np.full(self.world_size, float(self.nic_bps))
         for i, bps in self.slow_nics.items():
             out[i] = bps
+        return out
+
+    def uplinks(self) -> np.ndarray:
+        """Each rack's uplink rate, bytes/s."""
+        out = np.full(len(self.rack_sizes), float(self.uplink_bps))
+        for r, bps in self.slow_uplinks.items():
+            out[r] = bps
         return out
 
     def rack_of(self) -> np.ndarray:
@@ -102,14 +111,14 @@ def per_flow_times(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.nd
     up_out = np.bincount(rs[cross], minlength=num_racks).astype(float)
     up_in = np.bincount(rd[cross], minlength=num_racks).astype(float)
     bg_nic, bg_up = background_streams(net)
-    nics = net.nics()
+    nics, ups = net.nics(), net.uplinks()
     rates = []  # (rate alone, rate with the background, job flows on the link) per link a flow crosses
     for bg in (0, 1):
         rate = np.minimum(_share(nics[src], nic_out[src], bg * net.local_weight * bg_nic[src]),
                           nics[dst] / nic_in[dst])
         rate[cross] = np.minimum(rate[cross], np.minimum(
-            _share(net.uplink_bps, up_out[rs[cross]], bg * net.background_weight * bg_up[rs[cross]]),
-            net.uplink_bps / up_in[rd[cross]]))
+            _share(ups[rs[cross]], up_out[rs[cross]], bg * net.background_weight * bg_up[rs[cross]]),
+            ups[rd[cross]] / up_in[rd[cross]]))
         rates.append(net.efficiency * rate)
     alone, shared = rates
     busy = shared < alone  # flows whose slowest link carries background streams

@@ -67,11 +67,13 @@ def network_of(scenario: str, *, alpha_s: float = 0.0, efficiency: float = 1.0, 
         else:
             nic_bg[index] = nic_bg.get(index, 0) + emulate.FLOW_STREAMS
     slow = {int(i): emulate.parse_rate(rate) * rate_scale / 8 for i, rate in spec.get("nics", {}).items()}
+    slow_up = {int(r): emulate.parse_rate(rate) * rate_scale / 8 for r, rate in spec.get("uplinks", {}).items()}
     return Network(tuple(spec["rack_sizes"]), nic_bps=emulate.parse_rate(spec["nic"]) * rate_scale / 8,
                    uplink_bps=emulate.parse_rate(spec["uplink"]) * rate_scale / 8, alpha_s=alpha_s,
                    efficiency=efficiency, background_weight=background_weight, local_weight=local_weight,
                    head_bytes=head_bytes, queue_s=queue_s,
-                   uplink_out_streams=uplink_bg, nic_out_streams=nic_bg, slow_nics=slow, host_bps=host_bps)
+                   uplink_out_streams=uplink_bg, nic_out_streams=nic_bg, slow_nics=slow, slow_uplinks=slow_up,
+                   host_bps=host_bps)
 
 
 def scaled_rates(scenario: str, rate_scale: float) -> tuple[str, str]:

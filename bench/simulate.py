@@ -214,7 +214,7 @@ def _binding_links(net: Network, src: np.ndarray, dst: np.ndarray) -> tuple[np.n
     count = np.bincount(ids[ids >= 0], minlength=2 * n + 2 * len(net.rack_sizes)).astype(float)
     bg_nic, bg_up = background_streams(net)
     bg = np.concatenate([bg_nic, np.zeros(n), bg_up, np.zeros(len(net.rack_sizes))])
-    caps = np.concatenate([net.nics(), net.nics(), np.full(2 * len(net.rack_sizes), net.uplink_bps)])
+    caps = np.concatenate([net.nics(), net.nics(), net.uplinks(), net.uplinks()])
     weight = np.concatenate([np.full(n, net.local_weight), np.full(n, 0.0), np.full(2 * len(net.rack_sizes),
                                                                                   net.background_weight)])
     share = np.where(ids >= 0, caps[ids] / (count[ids] + weight[ids] * bg[ids]), np.inf)
@@ -237,13 +237,12 @@ def _all_to_all_time(net: Network, size_bytes: float) -> float:
     live = crossing > 0
     share = size_bytes / n
     # the slowest flow on a link without background streams ...
-    nics = net.nics()
-    rate = min(float(nics.min()) / (n - 1), float((net.uplink_bps / crossing[live]).min()) if live.any() else np.inf)
+    nics, ups = net.nics(), net.uplinks()
+    rate = min(float(nics.min()) / (n - 1), float((ups[live] / crossing[live]).min()) if live.any() else np.inf)
     seconds = share / (net.efficiency * rate)
     # ... and on each link with them (a NIC, an uplink), as per_flow_times prices it
     for bps, flows, k in [(nics[i], n - 1, net.local_weight * bg_nic[i]) for i in np.flatnonzero(bg_nic)] + \
-            [(net.uplink_bps, c, net.background_weight * b) for c, b in zip(crossing[live], bg_up[live], strict=True)
-             if b > 0]:
+            [(ups[r], crossing[r], net.background_weight * bg_up[r]) for r in np.flatnonzero(live & (bg_up > 0))]:
         head = min(share, net.head_bytes / flows)
         seconds = max(seconds, net.queue_s + (head * flows + (share - head) * (flows + k)) / (net.efficiency * bps))
     if np.isfinite(net.host_bps):
@@ -289,8 +288,8 @@ def iteration_times(net: Network, strategy: str, size_bytes: float, iterations: 
 def with_contention(net: Network) -> Topology:
     """The topology ds-sync would probe: racks plus the contended uplinks and NICs."""
     base = net.topology()
-    uplinks = sorted(set(net.uplink_out_streams) | ({int(net.rack_of()[i]) for i in net.nic_out_streams}
-                                                      if net.nic_crosses_uplink else set()))
+    uplinks = sorted(set(net.uplink_out_streams) | set(net.slow_uplinks)
+                     | ({int(net.rack_of()[i]) for i in net.nic_out_streams} if net.nic_crosses_uplink else set()))
     contention = {"uplinks": [{"rack": r} for r in uplinks],
                   "nics": [{"rank": i} for i in sorted(set(net.nic_out_streams) | set(net.slow_nics))]}
     data = base.to_dict()

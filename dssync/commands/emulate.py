@@ -85,10 +85,10 @@ def _up(args: argparse.Namespace) -> int:
         nic, uplink = args.nic or "1gbit", args.uplink or "1gbit"
     emulate.parse_rate(nic), emulate.parse_rate(uplink)  # fail on a bad rate before building
     cluster = emulate.up(sizes, nic=nic, uplink=uplink, name=args.name)
-    flows, slow = spec["flows"], spec.get("nics", {})
+    flows, slow, slow_up = spec["flows"], spec.get("nics", {}), spec.get("uplinks", {})
     emulate.contend_scenario(spec, name=args.name)
     print(f"emulated cluster {args.name!r} up: racks {sizes}, NIC {nic}, uplink {uplink}"
-          + (f", NICs rate-limited {slow}" if slow else "")
+          + (f", NICs rate-limited {slow}" if slow else "") + (f", uplinks rate-limited {slow_up}" if slow_up else "")
           + (f", background flows {[f'{k}:{i}' for k, i in flows]}" if flows else "")
           + f"; workers {cluster.worker_addr(0)}..{cluster.worker_addr(cluster.world_size - 1)}")
     return 0

@@ -167,6 +167,11 @@ SCENARIOS: dict[str, dict] = {
     # the scenario's scale) instead of another job's flows starting on worker 4's own host.
     "inter-rack+slow-nic": {"rack_sizes": [5, 3], "nic": "1gbit", "uplink": "1gbit", "flows": [("rack", 0)],
                             "nics": {4: "250mbit"}},
+    # The same racks with both bottlenecks rate limits (``uplinks``: rack -> rate): nothing in
+    # it changes with time, so repeated jobs must agree; the simulator's rates and per-rank
+    # clocks are checked on two bottlenecks at once, without another job's TCP streams.
+    "slow-uplink+slow-nic": {"rack_sizes": [5, 3], "nic": "1gbit", "uplink": "1gbit", "flows": [],
+                             "nics": {4: "250mbit"}, "uplinks": {0: "500mbit"}},
 }
 
 
@@ -175,11 +180,12 @@ def scenario_contention(spec: dict) -> tuple[list[int], list[int]]:
     ground truth, what a probe or the online regrouping should flag and nothing else.
     ``rack:I`` crosses rack I's uplink, ``rank:I`` worker I's NIC and its rack's uplink,
     ``nic:I`` worker I's NIC only; ``cpu:I`` is no traffic. A rate-limited NIC (``nics``)
-    is a slow NIC too."""
+    or uplink (``uplinks``) is a slow one too."""
     edges = list(itertools.accumulate(spec["rack_sizes"]))
     flows = spec["flows"]
     uplinks = {i for kind, i in flows if kind == "rack"} | \
-        {bisect.bisect_right(edges, i) for kind, i in flows if kind == "rank"}  # the worker's rack
+        {bisect.bisect_right(edges, i) for kind, i in flows if kind == "rank"} | \
+        set(spec.get("uplinks", {}))  # the worker's rack; a rate-limited uplink
     return sorted(uplinks), sorted({i for kind, i in flows if kind in ("rank", "nic")} | set(spec.get("nics", {})))
 
 

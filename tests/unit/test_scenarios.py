@@ -13,6 +13,7 @@ TRUTH = {
     "three-rack": ([0], []),
     "four-rack": ([2], [9]),  # across rack 2's uplink; inside rack 3, through worker 9's NIC
     "inter-rack+slow-nic": ([0], [4]),  # another job across rack 0's uplink; worker 4's NIC at a quarter
+    "slow-uplink+slow-nic": ([0], [4]),  # rack 0's uplink at half; worker 4's NIC at a quarter
 }
 
 

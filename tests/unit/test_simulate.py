@@ -89,6 +89,9 @@ def test_the_simulator_models_each_emulated_scenario_with_its_background_streams
     slow = network_of("inter-rack+slow-nic", alpha_s=ALPHA, rate_scale=0.05)
     assert (slow.rack_sizes, slow.uplink_out_streams, slow.nic_out_streams) == ((5, 3), {0: FLOW_STREAMS}, {})
     assert slow.slow_nics == {4: pytest.approx(250e6 * 0.05 / 8)}
+    limited = network_of("slow-uplink+slow-nic", alpha_s=ALPHA, rate_scale=0.05)
+    assert (limited.uplink_out_streams, limited.nic_out_streams) == ({}, {})
+    assert limited.slow_uplinks == {0: pytest.approx(500e6 * 0.05 / 8)}
     with pytest.raises(ValueError, match="rate_scale must be positive"):
         network_of("static", alpha_s=ALPHA, rate_scale=0)
     record = {"rows": [{"scenario": "static", "strategy": "gossip", "seed": s, "wall_ms": 10.0, "sim_wall_ms": 8.0,
@@ -209,6 +212,7 @@ def test_the_parameter_servers_closed_form_matches_every_flow_priced_one_by_one(
                   uplink_out_streams={int(r): int(rng.integers(1, 9)) for r in rng.choice(len(sizes), rng.integers(0, 2))},
                   nic_out_streams={int(i): int(rng.integers(1, 4)) for i in rng.choice(n, rng.integers(0, 3))},
                   slow_nics={int(i): B * rng.uniform(0.05, 0.5) for i in rng.choice(n, rng.integers(0, 3))},
+                  slow_uplinks={int(r): B * rng.uniform(0.05, 0.5) for r in rng.choice(len(sizes), rng.integers(0, 2))},
                   host_bps=float(rng.choice([np.inf, 0.3e9])))
     src, dst = np.repeat(np.arange(n), n), np.tile(np.arange(n), n)
     keep = src != dst
@@ -347,3 +351,12 @@ def test_simcheck_takes_a_calibration_only_from_a_record_measured_the_same_way()
         simcheck(["static"], ["ddp"], rate_scale=0.1, calibrated=record)
     with pytest.raises(ValueError, match="has no CPU-share row of local-sgd"):
         simcheck(["static"], ["ddp", "local-sgd"], calibrated=record)
+
+
+def test_a_slow_uplink_bounds_the_flows_across_it_and_is_planned_around():
+    from dssync.bench.simulate import with_contention
+
+    net = Network((4, 4), nic_bps=B, uplink_bps=B, alpha_s=0.0, slow_uplinks={1: B / 5})
+    # The world's ring crosses each uplink once each way: rack 1's at a fifth bounds every step.
+    assert iteration_times(net, "allreduce", S, 1)[0] == pytest.approx(2 * 7 * (S / 8) / (B / 5))
+    assert with_contention(net).to_dict()["contention"]["uplinks"] == [{"rack": 1}]
