@@ -200,18 +200,16 @@ def _start_flow(c: Cluster, kind: str, index: int, streams: int) -> dict:
             "pids": [server.pid, client.pid]}
 
 
-def contend_scenario(spec: dict, *, name: str = DEFAULT_NAME, rate_scale: float = 1.0) -> Cluster:
+def contend_scenario(spec: dict, *, name: str = DEFAULT_NAME, rate_scale: float = 1.0) -> None:
     """Put a scenario's contention (``SCENARIOS``) on cluster ``name``: its rate-limited NICs
     and uplinks (``nics``, ``uplinks``, times ``rate_scale`` as the cluster's own rates are), then
-    its background flows."""
-    c = load_state(name)
+    its background flows. A scenario that contends nothing changes nothing."""
     for rank, rate in sorted(spec.get("nics", {}).items()):
-        c = contend(name=name, rank=int(rank), nic=format_rate(round(parse_rate(rate) * rate_scale)))
+        contend(name=name, rank=int(rank), nic=format_rate(round(parse_rate(rate) * rate_scale)))
     for rack, rate in sorted(spec.get("uplinks", {}).items()):
-        c = contend(name=name, rack=int(rack), uplink=format_rate(round(parse_rate(rate) * rate_scale)))
+        contend(name=name, rack=int(rack), uplink=format_rate(round(parse_rate(rate) * rate_scale)))
     if spec["flows"]:
-        c = contend(name=name, flows=spec["flows"])
-    return c
+        contend(name=name, flows=spec["flows"])
 
 
 def dead_flows(name: str = DEFAULT_NAME) -> list[str]:
