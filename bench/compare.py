@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dssync._text import parse_variant
 from dssync.bench.jobs import train_on_cluster
 from dssync.bench.tables import markdown
 from dssync.errors import DssyncError
@@ -35,7 +36,7 @@ from dssync.launch import emulate
 from dssync.topology import Topology
 from dssync.training.loop import TrainConfig, comm_warmup, first_at_target, per_rank_comm_ms
 
-__all__ = ["compare", "loss_rows", "loss_table", "markdown_table", "median_with_misses", "parse_variant", "plan_rows", "plan_table", "plot",
+__all__ = ["compare", "loss_rows", "loss_table", "markdown_table", "median_with_misses", "plan_rows", "plan_table", "plot",
            "seed_rows", "seed_table", "split_settings", "summarize", "time_to", "variant_config"]
 
 
@@ -150,15 +151,6 @@ def variant_config(spec: str, common: Mapping[str, Any], *, adjust_every: int = 
         options.setdefault("adjust_every", adjust_every)
     overrides = TrainConfig.read(own, "a run")
     return TrainConfig(**{**common, **overrides, **run, "strategy": base, "strategy_options": options})
-
-
-def parse_variant(spec: str) -> tuple[str, list[str]]:
-    """``"psp:push_quorum=3:pull_fraction=0.75"`` -> ``("psp", ["push_quorum=3", "pull_fraction=0.75"])``:
-    a strategy and its settings, so one comparison can hold several settings of one strategy
-    side by side (its records keep the whole spec as ``strategy``). A setting that starts with
-    ``--`` is an option of the run's ``dssync train`` (``split_settings``)."""
-    name, *settings = [part.strip() for part in spec.split(":")]
-    return name, [kv for kv in settings if kv]
 
 
 def split_settings(settings: Sequence[str]) -> tuple[list[str], list[str]]:

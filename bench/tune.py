@@ -30,7 +30,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from dssync.bench.compare import median_with_misses, parse_variant, summarize, time_to
+from dssync._text import parse_variant
+from dssync.bench.compare import median_with_misses, summarize, time_to
 from dssync.bench.tables import markdown
 
 __all__ = ["RULE", "apply_tuned", "choose", "markdown_table"]

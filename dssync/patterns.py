@@ -22,10 +22,13 @@ Kinds of ``Op`` (every group of one ``Op`` runs at once, ranks numbered rack by 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from dssync._text import parse_variant, read_settings
 
 __all__ = ["DEFAULTS", "MODELLED", "Op", "Pattern", "ddp_buckets", "gossip_peers", "pattern", "rack_leaders",
            "read_spec"]
@@ -110,24 +113,14 @@ def ddp_buckets(nbytes: float, bucket_cap_mb: float) -> list[float]:
 
 def read_spec(spec: str) -> tuple[str, dict[str, Any]]:
     """``"ds-sync:world_first=0.25"`` -> ``("ds-sync", {"world_every": 0, "world_first": 0.25})``:
-    a modelled strategy and its settings over ``DEFAULTS``, each read as its default's type.
-    A name or setting the patterns do not know is a ``ValueError`` naming it."""
-    name, *parts = [p.strip() for p in spec.split(":")]
+    a modelled strategy (``parse_variant``) and its settings over ``DEFAULTS``, each read as its
+    default's type (``read_settings``, as ``--set`` reads a strategy's). A name or setting the
+    patterns do not know is a ``ValueError`` naming it."""
+    name, pairs = parse_variant(spec)
     if name not in DEFAULTS:
         raise ValueError(f"unknown strategy {name!r} for the simulator; choose from {', '.join(MODELLED)}")
-    settings = dict(DEFAULTS[name])
-    for part in filter(None, parts):
-        key, eq, value = part.partition("=")
-        if not eq or key not in settings:
-            known = ", ".join(settings) or "none"
-            raise ValueError(f"{spec!r}: {part!r} is not a setting that shapes {name}'s communication "
-                             f"(KEY=VALUE; the simulator models: {known})")
-        kind = type(DEFAULTS[name][key])
-        try:
-            settings[key] = kind(value)
-        except ValueError:
-            raise ValueError(f"{spec!r}: {key} must be {kind.__name__}, got {value!r}") from None
-    return name, settings
+    shape = dataclasses.make_dataclass(name.replace("-", "_"), [(k, type(v), v) for k, v in DEFAULTS[name].items()])
+    return name, {**DEFAULTS[name], **read_settings(shape, pairs, f"the simulator's model of {name}", flag=repr(spec))}
 
 
 def pattern(spec: str, racks: Sequence[Sequence[int]], nbytes: float, *, steps: int = 0,

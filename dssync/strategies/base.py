@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import typing
 from abc import ABC
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,12 +27,12 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from dssync._text import read_bool, read_finite
+from dssync._text import read_settings
 from dssync.collectives import Communicator
 from dssync.planning.schedule import Schedule
 from dssync.topology import Topology
 
-__all__ = ["PeriodicConfig", "StepsElsewhere", "Strategy", "StrategyContext", "read_settings"]
+__all__ = ["PeriodicConfig", "StepsElsewhere", "Strategy", "StrategyContext"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,9 +178,6 @@ class Strategy(ABC):  # noqa: B024 - every hook has a no-op default
         return None
 
 
-_READERS: dict[type, Callable[[str], Any]] = {bool: read_bool, int: int, float: read_finite, str: str}
-
-
 @dataclass(frozen=True, kw_only=True)
 class PeriodicConfig(Strategy.Config):
     """The Config of a strategy that exchanges every ``period`` iterations (at least 1); a
@@ -192,30 +188,6 @@ class PeriodicConfig(Strategy.Config):
     def __post_init__(self) -> None:
         if self.period < 1:
             raise ValueError(f"period must be at least 1, got {self.period}")
-
-
-def read_settings(cls: type, pairs: Sequence[str], owner: str, flag: str = "--set",
-                  form: str = "KEY=VALUE") -> dict[str, Any]:
-    """``["key=value", ...]`` as settings of the dataclass ``cls``, each value read as its field's
-    type (``typing.get_type_hints``; bool: true/false/1/0, float: finite). Only fields of those
-    plain types can be set; an unknown key or a bad value is a ``ValueError`` naming the choices
-    (``flag`` and ``form`` are how the user writes them)."""
-    types = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.init and types.get(f.name) in _READERS}
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, text = pair.partition("=")
-        key = key.strip().lstrip("-").replace("-", "_")
-        if not sep or key not in names:
-            raise ValueError(f"{flag} {pair!r}: {owner} has the settings "
-                             f"{', '.join(sorted(names)) or '(none)'}; write {form}")
-        kind = types[key]
-        try:
-            out[key] = _READERS[kind](text)
-        except ValueError:
-            raise ValueError(f"{flag} {pair!r}: {key} must be of type {kind.__name__}"
-                             f"{' (a finite number)' if kind is float else ''}") from None
-    return out
 
 
 class StepsElsewhere(torch.optim.Optimizer):

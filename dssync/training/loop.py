@@ -20,6 +20,7 @@ from typing import Any, ClassVar, get_type_hints
 import torch
 import torch.nn.functional as F
 
+from dssync._text import read_settings
 from dssync.averaging.flat import hookless_copy
 from dssync.collectives import Communicator
 from dssync.errors import BackendUnavailableError, DssyncError, ScheduleError, TopologyError
@@ -28,7 +29,7 @@ from dssync.launch.spawn import BACKENDS
 from dssync.planning.schedule import Schedule
 from dssync.probing.probe import probe_across_hosts
 from dssync.strategies import REGISTRY, get_strategy
-from dssync.strategies.base import Strategy, StrategyContext, read_settings
+from dssync.strategies.base import Strategy, StrategyContext
 from dssync.topology import Topology
 from dssync.topology.prior import parse_racks_from
 from dssync.training import checkpoint as ckpt

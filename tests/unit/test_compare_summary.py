@@ -93,7 +93,7 @@ def test_a_failed_run_counts_as_a_seed_that_never_reached_and_is_named_under_the
 
 
 def test_a_strategy_may_carry_train_settings():
-    from dssync.bench.compare import parse_variant
+    from dssync._text import parse_variant
 
     assert parse_variant("allreduce") == ("allreduce", [])
     assert parse_variant("psp:push_quorum=6:pull_fraction=0.75") == ("psp", ["push_quorum=6", "pull_fraction=0.75"])

@@ -104,10 +104,13 @@ def test_the_registry_lists_the_modelled_strategies_in_table_order():
 
 
 def test_a_setting_the_patterns_do_not_model_or_cannot_read_is_named():
-    with pytest.raises(ValueError, match="'ensemble=swa' is not a setting that shapes ds-sync's communication"):
+    with pytest.raises(ValueError, match="'ensemble=swa': the simulator's model of ds-sync has the settings "
+                                         "world_every, world_first"):
         read_spec("ds-sync:ensemble=swa")
-    with pytest.raises(ValueError, match="world_every must be int, got 'often'"):
+    with pytest.raises(ValueError, match="'world_every=often': world_every must be of type int"):
         read_spec("ds-sync:world_every=often")
+    with pytest.raises(ValueError, match="world_first must be of type float \\(a finite number\\)"):
+        read_spec("ds-sync:world_first=nan")
     with pytest.raises(ValueError, match="unknown strategy 'ssp' for the simulator"):
         read_spec("ssp")
     with pytest.raises(ValueError, match="world_period a multiple of rack_period"):
