@@ -40,40 +40,23 @@ import numpy as np
 import scipy.optimize
 
 from dssync.bench.jobs import train_on_cluster
-from dssync.bench.simulate import STRATEGIES, Network, rank_times, ring_round, with_contention
+from dssync.bench.simulate import (
+    STRATEGIES,
+    Network,
+    network_of,
+    rank_times,
+    ring_round,
+    with_contention,
+)
 from dssync.bench.tables import markdown
 from dssync.launch import emulate
 from dssync.topology import Topology, Worker
 
-__all__ = ["STRATEGIES", "calibrate", "cpu_times", "fit", "markdown_table", "measure", "network_of", "predict",
+__all__ = ["STRATEGIES", "calibrate", "cpu_times", "fit", "markdown_table", "measure", "predict",
            "simcheck"]
 
 #: The links of the CPU-share runs: fast enough that no step waits on them.
 UNSHAPED_SCALE = 100.0
-
-
-def network_of(scenario: str, *, alpha_s: float = 0.0, efficiency: float = 1.0, background_weight: float = 1.0,
-               local_weight: float = 1.0, head_bytes: float = 0.0, queue_s: float = 0.0, host_bps: float = float("inf"), rate_scale: float = 1.0) -> Network:
-    """The simulator's model of an emulated scenario: rates (times ``rate_scale``), racks,
-    background streams."""
-    if not rate_scale > 0:
-        raise ValueError(f"rate_scale must be positive, got {rate_scale}")
-    spec = emulate.SCENARIOS[scenario]
-    uplink_bg: dict[int, int] = {}
-    nic_bg: dict[int, int] = {}
-    for kind, index in spec["flows"]:
-        if kind == "rack":
-            uplink_bg[index] = uplink_bg.get(index, 0) + emulate.FLOW_STREAMS
-        else:
-            nic_bg[index] = nic_bg.get(index, 0) + emulate.FLOW_STREAMS
-    slow = {int(i): emulate.parse_rate(rate) * rate_scale / 8 for i, rate in spec.get("nics", {}).items()}
-    slow_up = {int(r): emulate.parse_rate(rate) * rate_scale / 8 for r, rate in spec.get("uplinks", {}).items()}
-    return Network(tuple(spec["rack_sizes"]), nic_bps=emulate.parse_rate(spec["nic"]) * rate_scale / 8,
-                   uplink_bps=emulate.parse_rate(spec["uplink"]) * rate_scale / 8, alpha_s=alpha_s,
-                   efficiency=efficiency, background_weight=background_weight, local_weight=local_weight,
-                   head_bytes=head_bytes, queue_s=queue_s,
-                   uplink_out_streams=uplink_bg, nic_out_streams=nic_bg, slow_nics=slow, slow_uplinks=slow_up,
-                   host_bps=host_bps)
 
 
 def scaled_rates(scenario: str, rate_scale: float) -> tuple[str, str]:

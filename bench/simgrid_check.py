@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dssync.patterns import Op, pattern
+from dssync.patterns import Op, pattern, read_spec
 
 __all__ = ["platform_xml", "simulate_job"]
 
@@ -154,12 +154,11 @@ def _simulate_job(*, rack_sizes: list[int], nic_bps: float, uplink_bps: float, s
         racks.append(list(range(start, start + size)))
         start += size
     period = ()
-    if strategy.split(":")[0] == "ds-sync":
-        from dssync.bench.simulate import Network, with_contention
-        from dssync.planning.planner import plan
+    if read_spec(strategy)[0] == "ds-sync":
+        from dssync.bench.simulate import Network, planned_rounds
 
-        net = Network(tuple(rack_sizes), uplink_out_streams=dict(background), slow_nics=dict(slow_nics))
-        period = plan(with_contention(net)).period
+        period = planned_rounds(Network(tuple(rack_sizes), uplink_out_streams=dict(background),
+                                        slow_nics=dict(slow_nics)))
     pat = pattern(strategy, racks, nbytes, steps=steps, plan_period=period)
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "platform.xml"
@@ -236,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", metavar="OUT")
     args = p.parse_args(argv)
 
-    from dssync.bench.simcheck import network_of
+    from dssync.bench.simulate import network_of
 
     rec = json.loads(Path(args.record).read_text())
     cal, scale = rec["calibration"], rec["rate_scale"]

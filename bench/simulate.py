@@ -52,8 +52,8 @@ from dssync.patterns import MODELLED, Op, pattern, read_spec
 from dssync.planning.planner import plan
 from dssync.topology import Topology
 
-__all__ = ["STRATEGIES", "Network", "iteration_times", "rank_times", "ring_round", "simulate", "table_ii",
-           "with_contention"]
+__all__ = ["STRATEGIES", "Network", "iteration_times", "network_of", "planned_rounds", "rank_times", "ring_round", "simulate",
+           "table_ii", "with_contention"]
 
 #: The strategies the simulator has a pattern of (``dssync.patterns``), in table order.
 STRATEGIES = MODELLED
@@ -150,14 +150,9 @@ def rank_times(net: Network, strategy: str, size_bytes: float, iterations: int) 
     shifts every clock alike, so compute does not appear.
     """
     racks = [list(r) for r in net.topology().racks()]
-    name = read_spec(strategy)[0]
-    period = [list(map(list, part)) for part in plan(with_contention(net)).period] if name == "ds-sync" else ()
+    period = planned_rounds(net) if read_spec(strategy)[0] == "ds-sync" else ()
     pat = pattern(strategy, racks, size_bytes, steps=iterations, plan_period=period)
-    priced: dict[Op, tuple] = {}
-    for it in pat.distinct():
-        for op in it:
-            if op not in priced:
-                priced[op] = _priced(net, op, len(priced))
+    priced: dict[Op, tuple] = {}  # each distinct op priced once, on first use
     out = np.zeros((iterations, net.world_size))
     clock = np.zeros(net.world_size)
     for t in range(iterations):
@@ -166,6 +161,8 @@ def rank_times(net: Network, strategy: str, size_bytes: float, iterations: int) 
             continue
         after = clock
         for op in ops:
+            if op not in priced:
+                priced[op] = _priced(net, op, len(priced))
             finish, args = priced[op]
             after = finish(after, *args)
         out[t] = after - clock
@@ -283,6 +280,45 @@ def iteration_times(net: Network, strategy: str, size_bytes: float, iterations: 
     """Communication seconds of each of ``iterations`` iterations of ``strategy``: the
     max-rank figure, the longest any rank spent (``rank_times``)."""
     return rank_times(net, strategy, size_bytes, iterations).max(axis=1)
+
+
+def network_of(scenario: str, *, rate_scale: float = 1.0, rack_sizes: Sequence[int] | None = None,
+               nic_bps: float | None = None, uplink_bps: float | None = None, alpha_s: float = 0.0,
+               **model: Any) -> Network:
+    """The model of an emulated scenario (``dssync.launch.emulate.SCENARIOS``): its racks (or
+    ``rack_sizes``), its NIC and uplink rates times ``rate_scale`` (or ``nic_bps`` and
+    ``uplink_bps``, bytes/s; its rate-limited NICs and uplinks keep their ratio to them), its
+    background streams at the ranks and racks it names (``ValueError`` where the layout has no
+    such rank or rack); ``alpha_s`` (0 here, a fitted value in ``dssync bench simcheck``) and
+    ``model``, the other ``Network`` settings."""
+    from dssync.launch import emulate
+
+    if not rate_scale > 0:
+        raise ValueError(f"rate_scale must be positive, got {rate_scale}")
+    spec = emulate.SCENARIOS[scenario]
+    sizes = tuple(spec["rack_sizes"] if rack_sizes is None else rack_sizes)
+    nominal_nic, nominal_up = (emulate.parse_rate(spec[k]) / 8 for k in ("nic", "uplink"))
+    nic = nominal_nic * rate_scale if nic_bps is None else nic_bps
+    up = nominal_up * rate_scale if uplink_bps is None else uplink_bps
+    named = [("rack" if kind == "rack" else "rank", i) for kind, i in spec["flows"]]
+    named += [("rank", int(i)) for i in spec.get("nics", {})] + [("rack", int(r)) for r in spec.get("uplinks", {})]
+    for what, i in named:
+        if not 0 <= i < (len(sizes) if what == "rack" else sum(sizes)):
+            raise ValueError(f"scenario {scenario} names {what} {i}; the layout {list(sizes)} has no such {what}")
+    uplink_bg: dict[int, int] = {}
+    nic_bg: dict[int, int] = {}
+    for kind, index in spec["flows"]:
+        streams = uplink_bg if kind == "rack" else nic_bg
+        streams[index] = streams.get(index, 0) + emulate.FLOW_STREAMS
+    slow = {int(i): emulate.parse_rate(rate) / 8 * nic / nominal_nic for i, rate in spec.get("nics", {}).items()}
+    slow_up = {int(r): emulate.parse_rate(rate) / 8 * up / nominal_up for r, rate in spec.get("uplinks", {}).items()}
+    return Network(sizes, nic_bps=nic, uplink_bps=up, uplink_out_streams=uplink_bg, nic_out_streams=nic_bg,
+                   slow_nics=slow, slow_uplinks=slow_up, alpha_s=alpha_s, **model)
+
+
+def planned_rounds(net: Network) -> tuple:
+    """ds-sync's rounds on ``net``: the planner's period for the topology a probe would find."""
+    return plan(with_contention(net)).period
 
 
 def with_contention(net: Network) -> Topology:

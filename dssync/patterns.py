@@ -80,10 +80,6 @@ class Pattern:
     def iteration(self, t: int) -> Iteration:
         return self.first[t] if t < len(self.first) else self.cycle[t % len(self.cycle)]
 
-    def distinct(self) -> list[Iteration]:
-        """Each distinct iteration once, in order of first appearance."""
-        return list(dict.fromkeys([*self.first, *self.cycle]))
-
 
 def gossip_peers(rank: int, world_size: int, step: int) -> tuple[int, int] | None:
     """``(send to, receive from)`` of ``rank`` at gossip exchange ``step``: offset

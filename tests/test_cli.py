@@ -281,7 +281,7 @@ def test_bench_predict_carries_the_measured_iterations_to_target_to_every_scale(
 
 @pytest.mark.parametrize(("args", "needle"), [
     (["--racks", "4"], "--racks needs a positive --workers-per-rack"),
-    (["--rack-sizes", "2,2", "--scenario", "inter-rack+nic"], "needs a worker 4"),
+    (["--rack-sizes", "2,2", "--scenario", "inter-rack+nic"], "names rank 4; the layout [2, 2] has no such rank"),
     (["--rack-sizes", "2,2", "--strategies", "allreduce,nope"], "unknown strategy 'nope'"),
     (["--rack-sizes", "2,2", "--iterations", "0"], "--iterations: '0' must be 1 or more"),
 ])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 from dssync._jsonfile import write_json
@@ -15,12 +16,10 @@ from dssync.commands._common import (
     rack_sizes_from_args,
     unit_interval,
 )
+from dssync.launch.emulate import SCENARIOS
 from dssync.patterns import MODELLED, read_spec
 
 __all__ = ["add_parser", "run"]
-
-#: Background TCP streams of the emulated scenarios (launch.emulate.FLOW_STREAMS).
-SCENARIO_STREAMS = 8
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -32,11 +31,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--racks", type=positive_int, help="with --workers-per-rack")
     g.add_argument("--rack-sizes", type=parse_rack_sizes, metavar="A,B,...")
     p.add_argument("--workers-per-rack", type=positive_int, default=None)
-    p.add_argument("--scenario", default="static",
-                   choices=("static", "inter-rack", "inter-rack+nic", "inter-rack+slow-nic"),
-                   help="as on the emulated cluster: inter-rack puts 8 background TCP streams out of rack "
-                   "0's uplink; inter-rack+nic out of worker 4's NIC and through its rack's uplink; "
-                   "inter-rack+slow-nic is inter-rack with worker 4's NIC at a quarter of --nic")
+    p.add_argument("--scenario", default="static", choices=sorted(SCENARIOS),
+                   help="the contention of an emulated scenario (`dssync emulate up --scenario`) on these racks "
+                   "and rates: its background flows (8 TCP streams each) and its rate-limited NICs and uplinks "
+                   "(at their ratio to the scenario's rates), at the ranks and racks it names")
     p.add_argument("--contended-uplinks", type=unit_interval, default=0.0, metavar="F",
                    help="besides --scenario: this fraction of the racks (spread evenly) has 8 background TCP "
                    "streams out of its uplink")
@@ -61,26 +59,18 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from dssync.bench.predict import STREAMS, contended_racks
-    from dssync.bench.simulate import Network, simulate
+    from dssync.bench.simulate import network_of, simulate
     from dssync.launch.emulate import parse_rate
 
     sizes = rack_sizes_from_args(args)
     if args.iterations < 1 or args.size_mb <= 0 or args.alpha_us < 0:
         raise ValueError("--iterations and --size-mb must be positive, --alpha-us 0 or more")
-    uplink_bg, nic_bg, slow = {}, {}, {}
-    if args.scenario.startswith("inter-rack+") and sum(sizes) < 5:
-        raise ValueError(f"{args.scenario} needs a worker 4 (the emulated scenario's contended NIC)")
-    if args.scenario in ("inter-rack", "inter-rack+slow-nic"):
-        uplink_bg = {0: SCENARIO_STREAMS}
-    if args.scenario == "inter-rack+nic":
-        nic_bg = {4: SCENARIO_STREAMS}
-    if args.scenario == "inter-rack+slow-nic":
-        slow = {4: parse_rate(args.nic) / 8 / 4}
+    net = network_of(args.scenario, rack_sizes=sizes, nic_bps=parse_rate(args.nic) / 8,
+                     uplink_bps=parse_rate(args.uplink) / 8, alpha_s=args.alpha_us * 1e-6, efficiency=args.efficiency)
+    uplink_bg = dict(net.uplink_out_streams)
     for r in contended_racks(len(sizes), args.contended_uplinks):
         uplink_bg[r] = uplink_bg.get(r, 0) + STREAMS
-    net = Network(tuple(sizes), nic_bps=parse_rate(args.nic) / 8, uplink_bps=parse_rate(args.uplink) / 8,
-                  alpha_s=args.alpha_us * 1e-6, efficiency=args.efficiency, uplink_out_streams=uplink_bg,
-                  nic_out_streams=nic_bg, slow_nics=slow)
+    net = dataclasses.replace(net, uplink_out_streams=uplink_bg)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     if not strategies:
         raise ValueError(f"--strategies names none; choose from {', '.join(MODELLED)}")

@@ -24,8 +24,8 @@ def test_compare_runs_every_strategy_on_the_scenario_and_the_bsp_variants_agree(
 def test_simcheck_measures_the_shaped_network_the_simulator_models(name):
     # 2 MB over 1 Gbit/s: a pair swap needs 16 ms, so an unshaped (multi-Gbit/s) veth
     # would measure several times faster than the simulator's bytes over the link rates.
-    from dssync.bench.simcheck import measure, network_of
-    from dssync.bench.simulate import rank_times
+    from dssync.bench.simcheck import measure
+    from dssync.bench.simulate import network_of, rank_times
 
     (row,) = measure(["inter-rack"], ["ds-sync"], seeds=[0], model_mb=2.0, steps=12, warmup=2, rate_scale=1.0,
                      name=name)

@@ -75,7 +75,8 @@ def test_the_simulator_runs_each_strategy_with_a_pattern_and_names_the_ones_it_c
 
 
 def test_the_simulator_models_each_emulated_scenario_with_its_background_streams():
-    from dssync.bench.simcheck import markdown_table, network_of
+    from dssync.bench.simcheck import markdown_table
+    from dssync.bench.simulate import network_of
     from dssync.launch.emulate import FLOW_STREAMS
 
     static, inter, nic = (network_of(s, alpha_s=ALPHA) for s in ("static", "inter-rack", "inter-rack+nic"))
@@ -92,6 +93,10 @@ def test_the_simulator_models_each_emulated_scenario_with_its_background_streams
     limited = network_of("slow-uplink+slow-nic", alpha_s=ALPHA, rate_scale=0.05)
     assert (limited.uplink_out_streams, limited.nic_out_streams) == ({}, {})
     assert limited.slow_uplinks == {0: pytest.approx(500e6 * 0.05 / 8)}
+    with pytest.raises(ValueError, match=r"scenario inter-rack\+nic names rank 4; the layout \[2, 2\] has no such rank"):
+        network_of("inter-rack+nic", rack_sizes=(2, 2))
+    wide = network_of("slow-uplink+slow-nic", rack_sizes=(5, 5), nic_bps=B, uplink_bps=2 * B)
+    assert (wide.slow_nics, wide.slow_uplinks) == ({4: B / 4}, {0: B})  # the scenario's ratios, at these rates
     with pytest.raises(ValueError, match="rate_scale must be positive"):
         network_of("static", alpha_s=ALPHA, rate_scale=0)
     record = {"rows": [{"scenario": "static", "strategy": "gossip", "seed": s, "wall_ms": 10.0, "sim_wall_ms": 8.0,
