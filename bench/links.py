@@ -47,6 +47,11 @@ class Network:
     """Workers whose NIC runs below ``nic_bps``: rank -> bytes/s, each direction."""
     slow_uplinks: dict[int, float] = field(default_factory=dict)
     """Racks whose uplink runs below ``uplink_bps``: rack -> bytes/s, each direction."""
+    rtt_s: float = float("inf")
+    """Round trip of a path without a full queue on it (``bench.flows`` only): a flow whose path
+    crosses a link that background streams keep full has ``queue_s`` more, and shares
+    links with the others in inverse proportion to its round trip, as TCP does; ``inf``
+    leaves every flow's weight at 1."""
     host_bps: float = float("inf")
     """Veth-bytes per second the machine hosting an emulated cluster can move (every byte
     counted once per veth it crosses: two inside a rack, four between racks); ``inf`` for a

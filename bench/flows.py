@@ -1,0 +1,364 @@
+"""The simulator's event-driven flow model: every message a strategy's collectives send is a
+flow that lives until its last byte arrives, whichever operation or iteration posted it.
+
+``bench.simulate``'s iteration model prices each operation alone and ends it for every member
+at once. On a link that another job loads, that is optimistic twice over (measured on the
+emulated cluster, docs/simulator.md): a member whose bytes cross the loaded link leaves the
+operation as soon as its last message is in the socket, and the members of the next
+operation start on that link while the last one's bytes are still queued there, so
+operations of consecutive iterations share it. Here each rank runs its program, the
+point-to-point messages of gloo's algorithms (``programs``):
+
+- a ring allreduce of ``n`` members sends ``2(n-1)`` chunks of ``S/n`` to the next member,
+  each after receiving the previous chunk from the one before (the first at once);
+- a reduce is the ring's first ``n-1`` steps, then every member's chunk to the root;
+- a broadcast is a binomial tree: a member that holds the buffer sends all of it to each
+  of its children at once;
+- a gossip transfer is one send and one receive;
+- the parameter server's push-pull sends ``S/N`` to every shard, whose server replies with
+  ``S/N`` when the push has arrived; the worker waits for every reply.
+
+A send never blocks (the socket takes the message); a receive blocks until the message has
+arrived. Messages between two ranks go in order over one connection, one after the other,
+``alpha_s`` after they are posted (plus ``queue_s`` where the path crosses a link that
+background streams keep full). At every moment the connections with bytes to send share the
+links they cross (each NIC and each rack uplink, each direction; capacity times
+``efficiency``) by weighted max-min fairness, a connection counting 1 and each background
+stream ``background_weight`` (``local_weight`` at the NIC of the worker it starts on). The
+simulation jumps from event to event (a message posted, a message through, a rank's
+computation done).
+
+Every rank computes for ``compute_s`` between iterations. A rank's communication time in an
+iteration is the harness's figure: from its first collective call to the return of its last.
+
+The model costs one rate allocation per event; it is for validation-sized clusters (tens of
+ranks, tens of iterations), where the iteration model is checked against it and against the
+emulated cluster (``dssync bench simcheck --model flows``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from dssync.bench.links import Network, background_streams
+from dssync.patterns import Op, Pattern
+
+__all__ = ["programs", "rank_times", "rates"]
+
+Action = tuple[Any, ...]
+
+#: Pieces each ring step's chunk travels in (gloo's ring pipelines two per rank).
+PIECES = 2
+
+
+def _ring(me: int, group: Sequence[int], nbytes: float, steps: int, pieces: int = PIECES) -> Iterator[Action]:
+    n = len(group)
+    i = group.index(me)
+    nxt, prv = group[(i + 1) % n], group[(i - 1) % n]
+    piece = nbytes / n / pieces
+    for _ in range(pieces):
+        yield ("send", nxt, piece, "c")
+    for k in range(steps):
+        for _ in range(pieces):  # each piece goes on as soon as it is in: the ring is pipelined
+            yield ("recv", prv, "c")
+            if k < steps - 1:
+                yield ("send", nxt, piece, "c")
+
+
+def _op_program(me: int, op: Op, world_size: int) -> Iterator[Action]:
+    """``me``'s messages in ``op`` (nothing where ``me`` is in none of its groups)."""
+    if op.kind == "push-pull":
+        others = [j for j in range(world_size) if j != me]
+        for j in others:
+            yield ("send", j, op.nbytes / world_size, "push")
+        for j in others:
+            yield ("recv", j, "pull")
+        return
+    group = next((list(g) for g in op.groups if me in g), None)
+    if group is None:
+        return
+    n = len(group)
+    if op.kind == "send":
+        for g in op.groups:
+            if g[0] == me:
+                yield ("send", g[1], op.nbytes, "c")
+        for g in op.groups:
+            if g[1] == me:
+                yield ("recv", g[0], "c")
+        return
+    if n == 1:
+        return
+    if op.kind == "allreduce":
+        yield from _ring(me, group, op.nbytes, 2 * (n - 1))
+    elif op.kind == "reduce":
+        if n > 2:
+            yield from _ring(me, group, op.nbytes, n - 1)
+        if me == group[0]:
+            for j in group[1:]:
+                yield ("recv", j, "c")
+        else:
+            yield ("send", group[0], op.nbytes / n, "c")
+    elif op.kind == "broadcast":
+        v = group.index(me)
+        if v:
+            yield ("recv", group[v - (1 << (v.bit_length() - 1))], "c")
+        for i in range(v.bit_length(), (n - 1).bit_length()):
+            if v + (1 << i) < n:
+                yield ("send", group[v + (1 << i)], op.nbytes, "c")
+    else:
+        raise ValueError(f"the flow model cannot run a {op.kind!r} collective")
+
+
+def programs(pat: Pattern, world_size: int, iterations: int, compute_s: float) -> list[Iterator[Action]]:
+    """Each rank's program: per iteration, ``("start",)``, its ops' messages, ``("end",)``,
+    then ``compute_s`` of computation."""
+    def program(me: int) -> Iterator[Action]:
+        for t in range(iterations):
+            yield ("start", t)
+            for op in pat.iteration(t):
+                yield from _op_program(me, op, world_size)
+            yield ("end", t)
+            if compute_s > 0:
+                yield ("sleep", compute_s)
+    return [program(r) for r in range(world_size)]
+
+
+def _links(net: Network) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per link (NIC out, NIC in per rank, then uplink out, uplink in per rack): capacity
+    (bytes/s, times ``efficiency``) and the background's weight on it (streams times
+    their weight), and the rack of each rank."""
+    bg_nic, bg_up = background_streams(net)
+    caps = net.efficiency * np.concatenate([net.nics(), net.nics(), net.uplinks(), net.uplinks()])
+    racks = len(net.rack_sizes)
+    background = np.concatenate([net.local_weight * bg_nic, np.zeros(net.world_size),
+                                 net.background_weight * bg_up, np.zeros(racks)])
+    return caps, background, net.rack_of()
+
+
+def _path(net: Network, rack: np.ndarray, src: int, dst: int) -> tuple[int, ...]:
+    n, racks = net.world_size, len(net.rack_sizes)
+    if rack[src] == rack[dst]:
+        return (src, n + dst)
+    return (src, n + dst, 2 * n + int(rack[src]), 2 * n + racks + int(rack[dst]))
+
+
+def rates(paths: Sequence[Sequence[int]], caps: np.ndarray, background: np.ndarray,
+          weights: Sequence[float] | None = None) -> np.ndarray:
+    """Weighted max-min fair rates of flows crossing ``paths`` (link indices) on links of
+    ``caps``, each link also carrying greedy background of weight ``background``: raise every
+    unfixed flow's rate in proportion to its weight (1 without ``weights``); the link whose
+    share runs out first fixes its flows there."""
+    out = np.zeros(len(paths))
+    if not paths:
+        return out
+    w = np.ones(len(paths)) if weights is None else np.asarray(weights, dtype=float)
+    left = caps.astype(float).copy()
+    load = background.astype(float).copy()  # the weight still rising on each link
+    on: list[list[int]] = [[] for _ in range(caps.size)]
+    for k, p in enumerate(paths):
+        for link in p:
+            on[link].append(k)
+            load[link] += w[k]
+    live = np.zeros(caps.size, dtype=bool)
+    for p in paths:
+        live[list(p)] = True
+    fixed = np.zeros(len(paths), dtype=bool)
+    while not fixed.all():
+        level = np.full(caps.size, np.inf)
+        level[live] = left[live] / load[live]
+        link = int(np.argmin(level))
+        x = float(level[link])
+        for k in on[link]:
+            if not fixed[k]:
+                fixed[k] = True
+                out[k] = w[k] * x
+                for j in paths[k]:
+                    left[j] -= out[k]
+                    load[j] -= w[k]
+        live[link] = False
+        live &= np.array([any(not fixed[k] for k in ks) for ks in on])
+    return out
+
+
+def rank_times(net: Network, pat: Pattern, iterations: int, *, compute_s: float = 0.0) -> np.ndarray:
+    """Communication seconds of each rank in each iteration, ``(iterations, world_size)``,
+    when every rank runs ``pat`` with ``compute_s`` of computation between iterations."""
+    n = net.world_size
+    caps, background, rack = _links(net)
+    busy = background > 0
+    # A flow through a link that background streams keep full sees that queue in its round
+    # trip, and TCP shares a link in inverse proportion to round trips: against flows with a
+    # short one (inside a rack) it counts rtt / (rtt + queue) of one.
+    slowed = net.rtt_s / (net.rtt_s + net.queue_s) if net.queue_s > 0 and np.isfinite(net.rtt_s) else 1.0
+    background = background * slowed
+    progs = programs(pat, n, iterations, compute_s)
+    out = np.zeros((iterations, n))
+    begun = np.zeros(n)
+    # connections: (src, dst, channel) -> deque of [ready time, bytes left, bytes]; delivered counts
+    queues: dict[tuple[int, int, str], deque] = {}
+    delivered: dict[tuple[int, int, str], int] = {}
+    expected: dict[tuple[int, int, str], int] = {}
+    paths: dict[tuple[int, int, str], tuple[int, ...]] = {}
+    waiting: dict[tuple[int, int, str], list[int]] = {}  # connection -> ranks blocked on it
+    wakeups: list[tuple[float, int]] = []  # (time, rank) of ranks computing
+    runnable = deque(range(n))
+    now = 0.0
+
+    def post(src: int, dst: int, nbytes: float, channel: str) -> None:
+        key = (src, dst, channel)
+        if key not in paths:
+            paths[key] = _path(net, rack, src, dst)
+            queues[key] = deque()
+        delay = net.alpha_s + (net.queue_s if busy[list(paths[key])].any() else 0.0)
+        queues[key].append([now + delay, float(nbytes), float(nbytes)])
+
+    def run(r: int) -> None:
+        for action in progs[r]:
+            kind = action[0]
+            if kind == "send":
+                post(r, action[1], action[2], action[3])
+            elif kind == "recv":
+                key = (action[1], r, action[2])
+                expected[key] = expected.get(key, 0) + 1
+                if delivered.get(key, 0) < expected[key]:
+                    waiting.setdefault(key, []).append(r)
+                    return
+            elif kind == "start":
+                begun[r] = now
+            elif kind == "end":
+                out[action[1], r] = now - begun[r]
+            elif kind == "sleep":
+                heapq.heappush(wakeups, (now + action[1], r))
+                return
+
+    while True:
+        while runnable:
+            run(runnable.popleft())
+        active = [k for k, q in queues.items() if q and q[0][0] <= now]
+        pending = [q[0][0] for q in queues.values() if q and q[0][0] > now]
+        flow = rates([paths[k] for k in active], caps, background,
+                     [slowed if busy[list(paths[k])].any() else 1.0 for k in active])
+        finish = [now + queues[k][0][1] / f for k, f in zip(active, flow, strict=True)]
+        nxt = min(finish + pending + [w for w, _ in wakeups[:1]], default=None)
+        if nxt is None:
+            break
+        dt = nxt - now
+        now = nxt
+        for k, f, end in zip(active, flow, finish, strict=True):
+            head = queues[k][0]
+            head[1] -= f * dt
+            if end <= now * (1 + 1e-12) or head[1] <= 1e-9 * head[2]:
+                queues[k].popleft()
+                delivered[k] = delivered.get(k, 0) + 1
+                if k[2] == "push":  # the shard's server replies once the push is in
+                    post(k[1], k[0], head[2], "pull")
+                for r in waiting.pop(k, []):
+                    if delivered[k] >= expected[k]:
+                        runnable.append(r)
+                    else:
+                        waiting.setdefault(k, []).append(r)
+        while wakeups and wakeups[0][0] <= now:
+            runnable.append(heapq.heappop(wakeups)[1])
+    if any(waiting.values()):
+        raise RuntimeError(f"the flow model deadlocked: ranks {sorted({r for v in waiting.values() for r in v})} "
+                           "wait for messages nobody sends")
+    return out
+
+
+def fit_background(samples: Sequence[dict[str, Any]], net: Network, *, iterations: int = 6) -> dict[str, Any]:
+    """``background_weight`` and ``queue_s`` for this model that fit ``samples`` (``dssync bench
+    simcheck``'s contended calibration: groups allreducing back to back through another job's
+    streams, ``time_s`` an iteration) best in relative error, ``net``'s latency and efficiency
+    fitted already."""
+    import dataclasses
+
+    import scipy.optimize
+
+    from dssync.patterns import Op
+
+    t = np.asarray([s["time_s"] for s in samples])
+
+    def model(x: np.ndarray) -> np.ndarray:
+        trial = dataclasses.replace(net, background_weight=float(x[0]), queue_s=float(x[1]) * 1e-3, head_bytes=0.0)
+        out = []
+        for s in samples:
+            pat = Pattern((), ((Op("allreduce", tuple(tuple(g) for g in s["groups"]), s["bytes"]),),))
+            out.append(rank_times(trial, pat, iterations)[1:].sum(axis=0).max() / (iterations - 1))
+        return np.asarray(out)
+    x = scipy.optimize.least_squares(lambda x: model(x) / t - 1, x0=[1.0, 1.0], bounds=([0.0, 0.0], [4.0, 1000.0])).x
+    predicted = model(x)
+    return {"background_weight": float(x[0]), "queue_s": float(x[1]) * 1e-3,
+            "fit_ratio_range": [float((predicted / t).min()), float((predicted / t).max())]}
+
+
+def check(record: dict[str, Any], *, rtt_s: float, scenarios: Sequence[str] | None = None) -> dict[str, Any]:
+    """This model against a ``dssync bench simcheck`` record's jobs: its latency and efficiency
+    as the record's calibration fits them, the background's weight and queue fitted anew for
+    this model (``fit_background``), ``rtt_s`` as given; per scenario and strategy, simulated
+    wall and per-rank comm ms per iteration and their ratios to each measured seed."""
+    from dssync.bench import simcheck
+    from dssync.bench.simulate import network_of, planned_rounds
+    from dssync.patterns import pattern
+
+    scale = record["rate_scale"]
+    cal = simcheck.refit(record["calibration"], scale)
+    busy = network_of("inter-rack", rate_scale=scale, alpha_s=cal["alpha_s"], efficiency=cal["efficiency"])
+    fitted = fit_background(cal["contended_samples"], busy)
+    compute = {r["strategy"]: r["compute_ms"] for r in record["cpu"]}
+    rows = []
+    for scenario in dict.fromkeys(j["scenario"] for j in record["jobs"]):
+        if scenarios is not None and scenario not in scenarios:
+            continue
+        net = network_of(scenario, rate_scale=scale, alpha_s=cal["alpha_s"], efficiency=cal["efficiency"],
+                         local_weight=cal.get("local_weight", 1.0), background_weight=fitted["background_weight"],
+                         queue_s=fitted["queue_s"], rtt_s=rtt_s)
+        racks = [list(r) for r in net.topology().racks()]
+        for strategy in dict.fromkeys(j["strategy"] for j in record["jobs"] if j["scenario"] == scenario):
+            jobs = [j for j in record["jobs"] if j["scenario"] == scenario and j["strategy"] == strategy]
+            period = planned_rounds(net) if strategy.startswith("ds-sync") else ()
+            pat = pattern(strategy, racks, record["model_bytes"], steps=record["steps"], plan_period=period)
+            ms = 1e3 * rank_times(net, pat, record["steps"], compute_s=compute[strategy] / 1e3)[record["warmup"]:]
+            wall, comm = compute[strategy] + float(ms[:, 0].mean()), float(ms.mean())
+            rows.append({"scenario": scenario, "strategy": strategy, "sim_wall_ms": wall, "sim_comm_ms": comm,
+                         "wall_ratios": [wall / j["wall_ms"] for j in jobs],
+                         "comm_ratios": [comm / j["comm_ms"] for j in jobs]})
+    return {"rtt_s": rtt_s, "pieces": PIECES, "fit": fitted, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+    import sys
+    from pathlib import Path
+
+    p = argparse.ArgumentParser(description="the event-driven flow model against a dssync bench simcheck record")
+    p.add_argument("--record", required=True)
+    p.add_argument("--rtt-ms", type=float, default=5.0, help="round trip of a path without a full queue (ms)")
+    p.add_argument("--scenarios", default="", help="comma-separated (default: every scenario of the record)")
+    p.add_argument("--json", metavar="OUT")
+    args = p.parse_args(argv)
+    record = json.loads(Path(args.record).read_text())
+    out = check(record, rtt_s=args.rtt_ms / 1e3, scenarios=[s for s in args.scenarios.split(",") if s] or None)
+    f = out["fit"]
+    print(f"background weight {f['background_weight']:.3f}, queue {1e3 * f['queue_s']:.1f} ms (calibration within "
+          f"{f['fit_ratio_range'][0]:.2f}-{f['fit_ratio_range'][1]:.2f}); rtt {args.rtt_ms:g} ms; {PIECES} pieces a ring step")
+    for r in out["rows"]:
+        w, c = r["wall_ratios"], r["comm_ratios"]
+        print(f"{r['scenario']:>20} {r['strategy']:>12}: wall {r['sim_wall_ms']:7.1f} ms ÷ {min(w):.2f}-{max(w):.2f}, "
+              f"comm {r['sim_comm_ms']:7.1f} ÷ {min(c):.2f}-{max(c):.2f}")
+    if args.json:
+        from dssync.bench.provenance import provenance
+
+        out["record"] = args.record
+        out["provenance"] = provenance(["python", "-m", "dssync.bench.flows", *(sys.argv[1:] if argv is None else argv)])
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
