@@ -19,9 +19,11 @@ point-to-point messages of gloo's algorithms (``programs``):
   ``S/N`` when the push has arrived; the worker waits for every reply.
 
 A send never blocks (the socket takes the message); a receive blocks until the message has
-arrived. Messages between two ranks go in order over one connection, one after the other,
-``alpha_s`` after they are posted (plus ``queue_s`` where the path crosses a link that
-background streams keep full). At every moment the connections with bytes to send share the
+arrived. Messages between two ranks go in order over one connection, one after the other;
+a message moves only once the receiver has posted the receive and its notice has reached the
+sender (gloo writes only into a buffer the receiver has posted), and arrives after its bytes
+plus a latency, ``alpha_s`` (plus ``queue_s`` where the path crosses a link that background
+streams keep full; the notice pays the same on the way back). At every moment the connections with bytes to send share the
 links they cross (each NIC and each rack uplink, each direction; capacity times
 ``efficiency``) by weighted max-min fairness, a connection counting 1 and each background
 stream ``background_weight`` (``local_weight`` at the NIC of the worker it starts on). The
@@ -38,6 +40,7 @@ emulated cluster (``dssync bench simcheck --model flows``).
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -52,22 +55,16 @@ __all__ = ["programs", "rank_times", "rates"]
 
 Action = tuple[Any, ...]
 
-#: Pieces each ring step's chunk travels in (gloo's ring pipelines two per rank).
-PIECES = 2
 
-
-def _ring(me: int, group: Sequence[int], nbytes: float, steps: int, pieces: int = PIECES) -> Iterator[Action]:
+def _ring(me: int, group: Sequence[int], nbytes: float, steps: int) -> Iterator[Action]:
     n = len(group)
     i = group.index(me)
     nxt, prv = group[(i + 1) % n], group[(i - 1) % n]
-    piece = nbytes / n / pieces
-    for _ in range(pieces):
-        yield ("send", nxt, piece, "c")
+    yield ("send", nxt, nbytes / n, "c")
     for k in range(steps):
-        for _ in range(pieces):  # each piece goes on as soon as it is in: the ring is pipelined
-            yield ("recv", prv, "c")
-            if k < steps - 1:
-                yield ("send", nxt, piece, "c")
+        yield ("recv", prv, "c")
+        if k < steps - 1:
+            yield ("send", nxt, nbytes / n, "c")
 
 
 def _op_program(me: int, op: Op, world_size: int) -> Iterator[Action]:
@@ -199,10 +196,12 @@ def rank_times(net: Network, pat: Pattern, iterations: int, *, compute_s: float 
     progs = programs(pat, n, iterations, compute_s)
     out = np.zeros((iterations, n))
     begun = np.zeros(n)
-    # connections: (src, dst, channel) -> deque of [ready time, bytes left, bytes]; delivered counts
+    # connections: (src, dst, channel) -> deque of [posted at, bytes left, bytes, delay];
+    # messages delivered, and when the receiver posted each of its receives
     queues: dict[tuple[int, int, str], deque] = {}
     delivered: dict[tuple[int, int, str], int] = {}
     expected: dict[tuple[int, int, str], int] = {}
+    receives: dict[tuple[int, int, str], list[float]] = {}
     paths: dict[tuple[int, int, str], tuple[int, ...]] = {}
     waiting: dict[tuple[int, int, str], list[int]] = {}  # connection -> ranks blocked on it
     wakeups: list[tuple[float, int]] = []  # (time, rank) of ranks computing
@@ -214,8 +213,23 @@ def rank_times(net: Network, pat: Pattern, iterations: int, *, compute_s: float 
         if key not in paths:
             paths[key] = _path(net, rack, src, dst)
             queues[key] = deque()
-        delay = net.alpha_s + (net.queue_s if busy[list(paths[key])].any() else 0.0)
-        queues[key].append([now + delay, float(nbytes), float(nbytes)])
+        queues[key].append([now, float(nbytes), float(nbytes), latency(src, dst)])
+
+    @functools.cache
+    def latency(src: int, dst: int) -> float:
+        return net.alpha_s + (net.queue_s if busy[list(_path(net, rack, src, dst))].any() else 0.0)
+
+    def start(key: tuple[int, int, str]) -> float:
+        """When the head message of ``key`` starts to move: once it is posted and, in a
+        collective, once the receiver's notice that it has posted the receive has come back
+        (gloo sends only into a buffer the receiver has posted; the parameter server's own
+        sockets are read as bytes come), then its latency."""
+        head = queues[key][0]
+        if key[2] != "c":
+            return head[0] + head[3]
+        posted = receives.get(key, [])
+        m = delivered.get(key, 0)
+        return max(head[0], posted[m] + latency(key[1], key[0])) + head[3] if m < len(posted) else np.inf
 
     def run(r: int) -> None:
         for action in progs[r]:
@@ -225,6 +239,7 @@ def rank_times(net: Network, pat: Pattern, iterations: int, *, compute_s: float 
             elif kind == "recv":
                 key = (action[1], r, action[2])
                 expected[key] = expected.get(key, 0) + 1
+                receives.setdefault(key, []).append(now)
                 if delivered.get(key, 0) < expected[key]:
                     waiting.setdefault(key, []).append(r)
                     return
@@ -239,8 +254,9 @@ def rank_times(net: Network, pat: Pattern, iterations: int, *, compute_s: float 
     while True:
         while runnable:
             run(runnable.popleft())
-        active = [k for k, q in queues.items() if q and q[0][0] <= now]
-        pending = [q[0][0] for q in queues.values() if q and q[0][0] > now]
+        starts = {k: start(k) for k, q in queues.items() if q}
+        active = [k for k, t in starts.items() if t <= now]
+        pending = [t for t in starts.values() if now < t < np.inf]
         flow = rates([paths[k] for k in active], caps, background,
                      [slowed if busy[list(paths[k])].any() else 1.0 for k in active])
         finish = [now + queues[k][0][1] / f for k, f in zip(active, flow, strict=True)]
@@ -270,11 +286,12 @@ def rank_times(net: Network, pat: Pattern, iterations: int, *, compute_s: float 
     return out
 
 
-def fit_background(samples: Sequence[dict[str, Any]], net: Network, *, iterations: int = 6) -> dict[str, Any]:
-    """``background_weight`` and ``queue_s`` for this model that fit ``samples`` (``dssync bench
-    simcheck``'s contended calibration: groups allreducing back to back through another job's
-    streams, ``time_s`` an iteration) best in relative error, ``net``'s latency and efficiency
-    fitted already."""
+def fit_background(samples: Sequence[dict[str, Any]], net: Network, *, queue_s: float,
+                   iterations: int = 6) -> dict[str, Any]:
+    """``background_weight`` for this model that fits ``samples`` (``dssync bench simcheck``'s
+    contended calibration: groups allreducing back to back through another job's streams,
+    ``time_s`` an iteration) best in relative error, ``net``'s latency and efficiency fitted
+    already and the queue measured (``queue_s``)."""
     import dataclasses
 
     import scipy.optimize
@@ -283,24 +300,28 @@ def fit_background(samples: Sequence[dict[str, Any]], net: Network, *, iteration
 
     t = np.asarray([s["time_s"] for s in samples])
 
-    def model(x: np.ndarray) -> np.ndarray:
-        trial = dataclasses.replace(net, background_weight=float(x[0]), queue_s=float(x[1]) * 1e-3, head_bytes=0.0)
+    def model(weight: float) -> np.ndarray:
+        trial = dataclasses.replace(net, background_weight=weight, queue_s=queue_s, head_bytes=0.0)
         out = []
         for s in samples:
             pat = Pattern((), ((Op("allreduce", tuple(tuple(g) for g in s["groups"]), s["bytes"]),),))
             out.append(rank_times(trial, pat, iterations)[1:].sum(axis=0).max() / (iterations - 1))
         return np.asarray(out)
-    x = scipy.optimize.least_squares(lambda x: model(x) / t - 1, x0=[1.0, 1.0], bounds=([0.0, 0.0], [4.0, 1000.0])).x
-    predicted = model(x)
-    return {"background_weight": float(x[0]), "queue_s": float(x[1]) * 1e-3,
+    weight = float(scipy.optimize.minimize_scalar(lambda w: float(((model(w) / t - 1) ** 2).sum()),
+                                                  bounds=(0.0, 4.0), method="bounded").x)
+    predicted = model(weight)
+    return {"background_weight": weight,
             "fit_ratio_range": [float((predicted / t).min()), float((predicted / t).max())]}
 
 
-def check(record: dict[str, Any], *, rtt_s: float, scenarios: Sequence[str] | None = None) -> dict[str, Any]:
+def check(record: dict[str, Any], *, queue_s: float, rtt_s: float,
+          scenarios: Sequence[str] | None = None) -> dict[str, Any]:
     """This model against a ``dssync bench simcheck`` record's jobs: its latency and efficiency
-    as the record's calibration fits them, the background's weight and queue fitted anew for
-    this model (``fit_background``), ``rtt_s`` as given; per scenario and strategy, simulated
-    wall and per-rank comm ms per iteration and their ratios to each measured seed."""
+    as the record's calibration fits them, the queue another job's streams keep on a link and
+    the clear round trip as measured (``bench.queue_rtt``), the background's weight fitted anew
+    for this model to the calibration's contended samples (``fit_background``); per scenario
+    and strategy, simulated wall and per-rank comm ms per iteration and their ratios to each
+    measured seed."""
     from dssync.bench import simcheck
     from dssync.bench.simulate import network_of, planned_rounds
     from dssync.patterns import pattern
@@ -308,7 +329,7 @@ def check(record: dict[str, Any], *, rtt_s: float, scenarios: Sequence[str] | No
     scale = record["rate_scale"]
     cal = simcheck.refit(record["calibration"], scale)
     busy = network_of("inter-rack", rate_scale=scale, alpha_s=cal["alpha_s"], efficiency=cal["efficiency"])
-    fitted = fit_background(cal["contended_samples"], busy)
+    fitted = fit_background(cal["contended_samples"], busy, queue_s=queue_s)
     compute = {r["strategy"]: r["compute_ms"] for r in record["cpu"]}
     rows = []
     for scenario in dict.fromkeys(j["scenario"] for j in record["jobs"]):
@@ -316,7 +337,7 @@ def check(record: dict[str, Any], *, rtt_s: float, scenarios: Sequence[str] | No
             continue
         net = network_of(scenario, rate_scale=scale, alpha_s=cal["alpha_s"], efficiency=cal["efficiency"],
                          local_weight=cal.get("local_weight", 1.0), background_weight=fitted["background_weight"],
-                         queue_s=fitted["queue_s"], rtt_s=rtt_s)
+                         queue_s=queue_s, rtt_s=rtt_s)
         racks = [list(r) for r in net.topology().racks()]
         for strategy in dict.fromkeys(j["strategy"] for j in record["jobs"] if j["scenario"] == scenario):
             jobs = [j for j in record["jobs"] if j["scenario"] == scenario and j["strategy"] == strategy]
@@ -327,7 +348,7 @@ def check(record: dict[str, Any], *, rtt_s: float, scenarios: Sequence[str] | No
             rows.append({"scenario": scenario, "strategy": strategy, "sim_wall_ms": wall, "sim_comm_ms": comm,
                          "wall_ratios": [wall / j["wall_ms"] for j in jobs],
                          "comm_ratios": [comm / j["comm_ms"] for j in jobs]})
-    return {"rtt_s": rtt_s, "pieces": PIECES, "fit": fitted, "rows": rows}
+    return {"queue_s": queue_s, "rtt_s": rtt_s, "fit": fitted, "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -336,17 +357,25 @@ def main(argv: list[str] | None = None) -> int:
     import sys
     from pathlib import Path
 
-    p = argparse.ArgumentParser(description="the event-driven flow model against a dssync bench simcheck record")
-    p.add_argument("--record", required=True)
-    p.add_argument("--rtt-ms", type=float, default=5.0, help="round trip of a path without a full queue (ms)")
+    p = argparse.ArgumentParser(prog="python -m dssync.bench.flows",
+                                description="the event-driven flow model against a dssync bench simcheck record")
+    p.add_argument("--record", required=True, help="a dssync bench simcheck record")
+    p.add_argument("--queue-rtt", default="bench/results/queue-rtt.json",
+                   help="a python -m dssync.bench.queue_rtt record, at the simcheck record's rate scale")
     p.add_argument("--scenarios", default="", help="comma-separated (default: every scenario of the record)")
     p.add_argument("--json", metavar="OUT")
     args = p.parse_args(argv)
     record = json.loads(Path(args.record).read_text())
-    out = check(record, rtt_s=args.rtt_ms / 1e3, scenarios=[s for s in args.scenarios.split(",") if s] or None)
+    measured = json.loads(Path(args.queue_rtt).read_text())
+    if measured["rate_scale"] != record["rate_scale"]:
+        raise SystemExit(f"{args.queue_rtt} was measured at rate scale {measured['rate_scale']}, "
+                         f"{args.record} at {record['rate_scale']}")
+    out = check(record, queue_s=measured["queue_s"], rtt_s=measured["rtt_s"],
+                scenarios=[s for s in args.scenarios.split(",") if s] or None)
     f = out["fit"]
-    print(f"background weight {f['background_weight']:.3f}, queue {1e3 * f['queue_s']:.1f} ms (calibration within "
-          f"{f['fit_ratio_range'][0]:.2f}-{f['fit_ratio_range'][1]:.2f}); rtt {args.rtt_ms:g} ms; {PIECES} pieces a ring step")
+    print(f"queue {1e3 * out['queue_s']:.1f} ms and clear round trip {1e3 * out['rtt_s']:.2f} ms "
+          f"({args.queue_rtt}); background weight {f['background_weight']:.3f} (calibration within "
+          f"{f['fit_ratio_range'][0]:.2f}-{f['fit_ratio_range'][1]:.2f})")
     for r in out["rows"]:
         w, c = r["wall_ratios"], r["comm_ratios"]
         print(f"{r['scenario']:>20} {r['strategy']:>12}: wall {r['sim_wall_ms']:7.1f} ms ÷ {min(w):.2f}-{max(w):.2f}, "
@@ -354,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         from dssync.bench.provenance import provenance
 
-        out["record"] = args.record
+        out["record"], out["queue_rtt"] = args.record, args.queue_rtt
         out["provenance"] = provenance(["python", "-m", "dssync.bench.flows", *(sys.argv[1:] if argv is None else argv)])
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0

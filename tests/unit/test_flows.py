@@ -31,29 +31,34 @@ def test_a_pair_through_an_uplink_another_job_loads_gets_its_weighted_share_afte
     net = Network((1, 1), nic_bps=B, uplink_bps=B, alpha_s=0.0, uplink_out_streams={0: k},
                   background_weight=w, queue_s=queue)
     ms = flows.rank_times(net, _every_iteration(Op("allreduce", ((0, 1),), S)), 2)
-    # 0 -> 1 shares rack 0's uplink with k streams of weight w; both halves go that way one
-    # after the other, behind the queue (which the second half waits in while the first
-    # moves); 1 -> 0 is clear
-    slow = B / (1 + w * k)
-    half = S / 2
-    assert ms[0, 1] == pytest.approx(queue + S / slow, rel=1e-6)
-    # rank 0 has rank 1's reduced half once 1 got the first half and sent its last piece back
-    assert ms[0, 0] == pytest.approx(queue + half / slow + half / flows.PIECES / B, rel=1e-6)
+    # 0 -> 1 shares rack 0's uplink with k streams of weight w, 1 -> 0 is clear. A message moves
+    # once its receiver's notice is back (the notice from rank 1 comes over the clear side, the
+    # one from rank 0 waits the queue), and what crosses the loaded side waits the queue
+    slow, half = B / (1 + w * k), S / 2
+    first_to_1 = queue + half / slow
+    first_to_0 = queue + half / B  # rank 0's notice waited the queue
+    # rank 0 sends its reduced half once it has rank 1's; it moves once rank 1 has the first
+    assert ms[0, 1] == pytest.approx(max(first_to_0, first_to_1) + queue + half / slow, rel=1e-6)
+    # rank 1 sends its reduced half once it has rank 0's first; rank 0's notice for it left
+    # when rank 0 had rank 1's first half
+    assert ms[0, 0] == pytest.approx(max(first_to_1, first_to_0 + queue) + half / B, rel=1e-6)
 
 
 def test_a_member_that_leaves_with_bytes_in_flight_goes_on_while_they_are_still_queued():
-    # rank 0 averages with rank 2 through an uplink of a quarter of the NICs' rate, then with its
-    # rack-mate 1: it leaves the first pair once rank 2's reduced half is back, while its own
-    # second half to rank 2 still crosses the uplink, and starts the second pair at once
-    net = Network((2, 1), nic_bps=B, uplink_bps=B / 4, alpha_s=0.0)
+    # rank 0 averages with rank 2 in the other rack, whose uplink out of rack 0 another job
+    # loads to a quarter for the job, then with its rack-mate 1: it leaves the first pair once
+    # rank 2's reduced half is back over the clear side, while its own second half to rank 2
+    # still crosses the loaded uplink, and starts the second pair at once
+    net = Network((2, 1), nic_bps=B, uplink_bps=B, alpha_s=0.0, uplink_out_streams={0: 3})
     ms = flows.rank_times(net, Pattern((), ((Op("allreduce", ((0, 2),), S), Op("allreduce", ((0, 1),), S)),)), 1)
-    half, uplink = S / 2, B / 4
-    assert ms[0, 2] == pytest.approx(S / uplink)  # both halves to rank 2 at the uplink's rate
-    leaves_first = half / uplink + half / flows.PIECES / B
-    # the second pair takes at least its time alone, but ends before the first pair's bytes
-    # have all arrived plus that time: it overlapped them
+    slow, half = B / 4, S / 2
+    assert ms[0, 2] == pytest.approx(S / slow)  # both halves to rank 2 at the loaded uplink's rate
+    leaves_first = half / slow + half / B
+    assert leaves_first < S / slow
+    # the second pair takes at least its time alone after that, and ends before the first
+    # pair's last bytes plus that time: it overlapped them
     assert leaves_first + S / B <= ms[0, 0] + 1e-12
-    assert ms[0, 0] < S / uplink + S / B
+    assert ms[0, 0] < S / slow + S / B
     # rank 1, there from the start, ends after rank 0: what 0 sends it shared 0's NIC with the tail
     assert ms[0, 1] > ms[0, 0]
 
