@@ -362,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--record", required=True, help="a dssync bench simcheck record")
     p.add_argument("--queue-rtt", default="bench/results/queue-rtt.json",
                    help="a python -m dssync.bench.queue_rtt record, at the simcheck record's rate scale")
+    p.add_argument("--rtt-ms", type=float, default=None,
+                   help="the clear round trip instead of the measured one (inf: no round-trip weighting)")
     p.add_argument("--scenarios", default="", help="comma-separated (default: every scenario of the record)")
     p.add_argument("--json", metavar="OUT")
     args = p.parse_args(argv)
@@ -370,11 +372,12 @@ def main(argv: list[str] | None = None) -> int:
     if measured["rate_scale"] != record["rate_scale"]:
         raise SystemExit(f"{args.queue_rtt} was measured at rate scale {measured['rate_scale']}, "
                          f"{args.record} at {record['rate_scale']}")
-    out = check(record, queue_s=measured["queue_s"], rtt_s=measured["rtt_s"],
+    rtt_s = measured["rtt_s"] if args.rtt_ms is None else args.rtt_ms / 1e3
+    out = check(record, queue_s=measured["queue_s"], rtt_s=rtt_s,
                 scenarios=[s for s in args.scenarios.split(",") if s] or None)
     f = out["fit"]
-    print(f"queue {1e3 * out['queue_s']:.1f} ms and clear round trip {1e3 * out['rtt_s']:.2f} ms "
-          f"({args.queue_rtt}); background weight {f['background_weight']:.3f} (calibration within "
+    print(f"queue {1e3 * out['queue_s']:.1f} ms ({args.queue_rtt}) and clear round trip {1e3 * out['rtt_s']:.2f} ms; "
+          f"background weight {f['background_weight']:.3f} (calibration within "
           f"{f['fit_ratio_range'][0]:.2f}-{f['fit_ratio_range'][1]:.2f})")
     for r in out["rows"]:
         w, c = r["wall_ratios"], r["comm_ratios"]

@@ -99,3 +99,11 @@ def test_rates_are_weighted_max_min_fair(data):
                 if used[j] + background[j] * level == pytest.approx(caps[j], rel=1e-6)
                 and all(rate[m] / weights[m] <= level * (1 + 1e-9) for m, q in enumerate(paths) if j in q)]
         assert full, f"flow {k} on {p} at {rate[k]} has no bottleneck"
+
+
+def test_the_check_refuses_a_queue_measured_at_another_rate_scale(tmp_path):
+    record, queue = tmp_path / "simcheck.json", tmp_path / "queue-rtt.json"
+    record.write_text('{"rate_scale": 0.05}')
+    queue.write_text('{"rate_scale": 0.1, "queue_s": 0.01, "rtt_s": 0.0002}')
+    with pytest.raises(SystemExit, match="rate scale 0.1"):
+        flows.main(["--record", str(record), "--queue-rtt", str(queue)])
