@@ -30,8 +30,8 @@ from typing import Any
 
 from dssync._text import parse_variant, read_settings
 
-__all__ = ["DEFAULTS", "MODELLED", "Op", "Pattern", "ddp_buckets", "gossip_peers", "pattern", "rack_leaders",
-           "read_spec"]
+__all__ = ["DEFAULTS", "MODELLED", "Op", "Pattern", "communication_spec", "ddp_buckets", "gossip_peers", "pattern",
+           "rack_leaders", "read_spec"]
 
 Group = tuple[int, ...]
 
@@ -117,6 +117,18 @@ def read_spec(spec: str) -> tuple[str, dict[str, Any]]:
         raise ValueError(f"unknown strategy {name!r} for the simulator; choose from {', '.join(MODELLED)}")
     shape = dataclasses.make_dataclass(name.replace("-", "_"), [(k, type(v), v) for k, v in DEFAULTS[name].items()])
     return name, {**DEFAULTS[name], **read_settings(shape, pairs, f"the simulator's model of {name}", flag=repr(spec))}
+
+
+def communication_spec(variant: str) -> str:
+    """A strategy variant as a comparison names it (``"diloco:inner_steps=4:outer_lr=1.0"``)
+    with only the settings that shape its communication (``"diloco:inner_steps=4"``), so
+    that the simulator prices the variant that was trained; ``ValueError`` for a strategy
+    without a pattern. A ``--`` option of the run's ``dssync train`` shapes nothing here."""
+    name, pairs = parse_variant(variant)
+    if name not in DEFAULTS:
+        raise ValueError(f"the simulator has no model of {name!r}; choose from {', '.join(MODELLED)}")
+    keep = [kv for kv in pairs if not kv.startswith("--") and kv.partition("=")[0].strip() in DEFAULTS[name]]
+    return ":".join([name, *keep])
 
 
 def pattern(spec: str, racks: Sequence[Sequence[int]], nbytes: float, *, steps: int = 0,

@@ -11,6 +11,9 @@ from dssync.commands.bench._shared import outputs_checked, report_records
 
 __all__ = ["add_parser", "run_predict"]
 
+#: The simcheck records of the validation scenarios (bench/README.md).
+VALIDATION = tuple(f"bench/results/simcheck{s}.json" for s in ("", "-three-rack", "-slow-links", "-slow-nic"))
+
 
 def add_parser(bsub: argparse._SubParsersAction) -> None:
     """Register ``bench predict`` on ``dssync bench``'s subparsers."""
@@ -22,13 +25,18 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
                         "`bench compare` record: the predicted time to accuracy, as ddp's over each strategy's.")
     d.add_argument("--simcheck", default="bench/results/simcheck.json", metavar="RECORD.json",
                    help="the calibration (alpha, efficiency) to use (default %(default)s)")
-    d.add_argument("--compare", default="bench/results/compare.json", metavar="RECORD.json",
+    d.add_argument("--compare", default="bench/results/compare-mnist-wide.json", metavar="RECORD.json",
                    help="the iterations to target and compute time to use (default %(default)s)")
+    d.add_argument("--validation", default=",".join(VALIDATION), metavar="RECORD.json,...",
+                   help="bench simcheck records whose spread of simulated ÷ measured wall time is drawn as a "
+                   "band around each prediction (default: the four checked in)")
     d.add_argument("--racks", type=parse_rack_sizes, default=[2, 8, 32, 128, 512], metavar="R,R,...")
     d.add_argument("--workers-per-rack", type=positive_int, default=32)
     d.add_argument("--contended", default="0,0.25", metavar="F,F,...",
                    help="fractions of the uplinks with 8 background streams, one panel each")
-    d.add_argument("--strategies", default=",".join(SIMCHECK_STRATEGIES), metavar="A,B,...")
+    d.add_argument("--strategies", default=None, metavar="A,B,...",
+                   help="as the compare record names them, with settings (default: every strategy of it the "
+                   "simulator models)")
     d.add_argument("--nic", default=None, help="worker NIC rate (default: the calibrated cluster's, whose queue "
                    "and TCP behaviour the fitted parameters describe)")
     d.add_argument("--uplink", default=None, help="rack uplink rate (default: the calibrated cluster's)")
@@ -46,7 +54,13 @@ def run_predict(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from dssync.bench.predict import iterations_factors, markdown_table, plot, predict_tta
+    from dssync.bench.predict import (
+        iterations_factors,
+        markdown_table,
+        plot,
+        predict_tta,
+        validation_spread,
+    )
     from dssync.bench.simcheck import FITTED
     from dssync.launch.emulate import parse_rate
 
@@ -71,20 +85,35 @@ def run_predict(args: argparse.Namespace) -> int:
         fractions = [unit_interval(x) for x in args.contended.split(",") if x.strip()]
     except argparse.ArgumentTypeError as exc:
         raise ValueError(f"--contended: {exc}") from None
-    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    bad = [s for s in strategies if s not in SIMCHECK_STRATEGIES]
+    from dssync.patterns import communication_spec
+
+    def modelled(s: str) -> bool:
+        try:
+            communication_spec(s)
+        except ValueError:
+            return False
+        return True
+    if args.strategies is None:
+        strategies = [s for s in factors if modelled(s)]
+    else:
+        strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    bad = [s for s in strategies if not modelled(s) or s not in factors]
     if bad or "ddp" not in strategies:
-        raise ValueError(f"--strategies must include ddp (the reference) and only {', '.join(SIMCHECK_STRATEGIES)}")
+        raise ValueError(f"--strategies must include ddp (the reference) and only strategies of --compare "
+                         f"{args.compare} that the simulator models ({', '.join(SIMCHECK_STRATEGIES)}); "
+                         f"not {', '.join(bad) or 'without ddp'}")
+    spread = validation_spread([read(path, "validation") for path in args.validation.split(",") if path.strip()])
     console = Console(stderr=True)
     with console.status("simulating") as status:
         rows = predict_tta(racks=args.racks, workers_per_rack=args.workers_per_rack, fractions=fractions,
                            strategies=strategies, calibration=calibration, factors=factors, size_bytes=size_bytes,
                            compute_ms=compute_ms, nic_bps=parse_rate(nic) / 8,
-                           uplink_bps=parse_rate(uplink) / 8, iterations=args.iterations,
+                           uplink_bps=parse_rate(uplink) / 8, iterations=args.iterations, spread=spread,
                            progress=lambda r: status.update(f"{r['workers']} workers, {r['strategy']}"))
     record = {"simcheck": args.simcheck, "compare": args.compare, "calibration": calibration,
               "compute_ms": compute_ms, "size_bytes": size_bytes, "nic": nic, "uplink": uplink,
-              "iterations": args.iterations, "factors": factors, "rows": rows}
+              "iterations": args.iterations, "factors": factors, "validation": args.validation.split(","),
+              "validation_spread": spread, "rows": rows}
     report_records(markdown_table(rows), record, args)
     if args.plot:
         plot(rows, args.plot)
