@@ -20,22 +20,25 @@ point-to-point messages of gloo's algorithms (``programs``):
 
 A send never blocks (the socket takes the message); a receive blocks until the message has
 arrived. Messages between two ranks go in order over one connection, one after the other;
-a message moves only once the receiver has posted the receive and its notice has reached the
-sender (gloo writes only into a buffer the receiver has posted), and arrives after its bytes
-plus a latency, ``alpha_s`` (plus ``queue_s`` where the path crosses a link that background
-streams keep full; the notice pays the same on the way back). At every moment the connections with bytes to send share the
-links they cross (each NIC and each rack uplink, each direction; capacity times
-``efficiency``) by weighted max-min fairness, a connection counting 1 and each background
-stream ``background_weight`` (``local_weight`` at the NIC of the worker it starts on). The
-simulation jumps from event to event (a message posted, a message through, a rank's
-computation done).
+a message of a collective moves only once the receiver has posted the receive and its notice
+has reached the sender (gloo writes only into a buffer the receiver has posted), and arrives
+after its bytes plus a latency, ``alpha_s`` (plus ``queue_s`` where the path crosses a link
+that background streams keep full; the notice pays the same on its way back).
+
+At every moment the connections with bytes to send share the links they cross (each NIC and
+each rack uplink, each direction; capacity times ``efficiency``) by weighted max-min
+fairness: a connection counts 1, each background stream ``background_weight``
+(``local_weight`` at the NIC of the worker it starts on), and a connection through a link
+that background streams keep full, whose round trip holds that queue, ``rtt_s / (rtt_s +
+queue_s)`` of that (TCP's share falls with the round trip). The simulation jumps from event
+to event (a message posted, a message through, a rank's computation done).
 
 Every rank computes for ``compute_s`` between iterations. A rank's communication time in an
 iteration is the harness's figure: from its first collective call to the return of its last.
 
 The model costs one rate allocation per event; it is for validation-sized clusters (tens of
-ranks, tens of iterations), where the iteration model is checked against it and against the
-emulated cluster (``dssync bench simcheck --model flows``).
+ranks, tens of iterations): ``python -m dssync.bench.flows --record RECORD`` replays a ``dssync
+bench simcheck`` record's jobs on it (``check``).
 """
 
 from __future__ import annotations
