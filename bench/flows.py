@@ -54,7 +54,7 @@ import numpy as np
 from dssync.bench.links import Network, background_streams
 from dssync.patterns import Op, Pattern
 
-__all__ = ["programs", "rank_times", "rates"]
+__all__ = ["check", "fit_background", "job_rows", "programs", "rank_times", "rates"]
 
 Action = tuple[Any, ...]
 
@@ -352,6 +352,17 @@ def check(record: dict[str, Any], *, queue_s: float, rtt_s: float,
                          "wall_ratios": [wall / j["wall_ms"] for j in jobs],
                          "comm_ratios": [comm / j["comm_ms"] for j in jobs]})
     return {"queue_s": queue_s, "rtt_s": rtt_s, "fit": fitted, "rows": rows}
+
+
+def job_rows(record: dict[str, Any], checked: dict[str, Any]) -> list[dict[str, Any]]:
+    """``check``'s rows as ``bench.simcheck.predict`` gives them, one per measured job, for
+    ``dssync bench simcheck --model flows``."""
+    sim = {(r["scenario"], r["strategy"]): r for r in checked["rows"]}
+    return [{"scenario": j["scenario"], "strategy": j["strategy"], "seed": j["seed"], "wall_ms": j["wall_ms"],
+             "sim_wall_ms": s["sim_wall_ms"], "wall_ratio": s["sim_wall_ms"] / j["wall_ms"], "comm_ms": j["comm_ms"],
+             "sim_comm_ms": s["sim_comm_ms"],
+             "comm_ratio": s["sim_comm_ms"] / j["comm_ms"] if j["comm_ms"] > 0 else float("nan")}
+            for j in record["jobs"] if (s := sim.get((j["scenario"], j["strategy"]))) is not None]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -279,6 +279,34 @@ def test_bench_predict_carries_the_measured_iterations_to_target_to_every_scale(
     assert png.stat().st_size > 10_000
 
 
+def test_bench_simcheck_replays_a_record_on_the_flow_model(tmp_path, capsys, monkeypatch):
+    """--model flows prices every job of the record with the event-driven model, at the
+    measured queue and round trip, and says so in the record; a queue measured at another
+    rate scale is refused."""
+    results = Path(__file__).resolve().parents[1] / "bench" / "results"
+    out = tmp_path / "flows.json"
+    proc = in_process(capsys, monkeypatch, "bench", "simcheck", "--from", str(results / "simcheck-slow-links.json"),
+                      "--model", "flows", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    record, source = json.loads(out.read_text()), json.loads((results / "simcheck-slow-links.json").read_text())
+    queue = json.loads((results / "queue-rtt.json").read_text())
+    assert record["flow_model"]["queue_s"] == queue["queue_s"] and record["flow_model"]["rtt_s"] == queue["rtt_s"]
+    jobs = {(j["scenario"], j["strategy"], j["seed"]): j for j in source["jobs"]}
+    assert len(record["rows"]) == len(jobs)
+    for r in record["rows"]:
+        job = jobs[(r["scenario"], r["strategy"], r["seed"])]
+        assert r["wall_ms"] == job["wall_ms"]
+        assert r["wall_ratio"] == pytest.approx(r["sim_wall_ms"] / job["wall_ms"])
+    iterations = {(r["scenario"], r["strategy"]): r["sim_wall_ms"] for r in source["rows"]}
+    assert any(r["sim_wall_ms"] != pytest.approx(iterations[(r["scenario"], r["strategy"])], rel=1e-3)
+               for r in record["rows"])  # another model than the record's own
+    other = tmp_path / "queue.json"
+    other.write_text(json.dumps({**queue, "rate_scale": 0.1}))
+    proc = in_process(capsys, monkeypatch, "bench", "simcheck", "--from", str(results / "simcheck-slow-links.json"),
+                      "--model", "flows", "--queue-rtt", str(other))
+    assert proc.returncode == 2 and "measured at rate scale 0.1" in proc.stderr
+
+
 @pytest.mark.parametrize(("args", "needle"), [
     (["--racks", "4"], "--racks needs a positive --workers-per-rack"),
     (["--rack-sizes", "2,2", "--scenario", "inter-rack+nic"], "names rank 4; the layout [2, 2] has no such rank"),

@@ -37,6 +37,12 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
                    help="take the calibration and the CPU-share rows from this simcheck record (same --rate-scale, "
                    "--model-mb, --steps, --warmup) and measure only the jobs: a new scenario against a model "
                    "fitted once")
+    k.add_argument("--model", choices=("iterations", "flows"), default="iterations",
+                   help="iterations: `dssync simulate`'s model (the one that scales); flows: the event-driven "
+                   "flow model (bench/flows.py), for clusters of this size (docs/simulator.md)")
+    k.add_argument("--queue-rtt", default="bench/results/queue-rtt.json", metavar="RECORD.json",
+                   help="with --model flows: the measured queue and round trip (python -m dssync.bench.queue_rtt), "
+                   "at the same --rate-scale")
     k.add_argument("--json", metavar="OUT")
     k.add_argument("--markdown", metavar="OUT")
     k.set_defaults(run=outputs_checked(run_simcheck))
@@ -79,5 +85,28 @@ def run_simcheck(args: argparse.Namespace) -> int:
                           save=(lambda r: write_json(args.json, r)) if args.json else None, calibrated=calibrated)
         if args.calibrated:
             record["calibrated_from"] = args.calibrated
+    if args.model == "flows":
+        record["rows"], record["flow_model"] = _flow_rows(record, args.queue_rtt)
     report_records(markdown_table(record), record, args)
     return 0
+
+
+def _flow_rows(record: dict, queue_rtt: str) -> tuple[list, dict]:
+    """The flow model's rows for ``record``'s jobs, with the queue and round trip of the
+    ``queue_rtt`` record, and what it used (``flow_model`` in the record)."""
+    import json
+    from pathlib import Path
+
+    from dssync.bench import flows
+
+    try:
+        measured = json.loads(Path(queue_rtt).read_text())
+        queue_s, rtt_s, scale = float(measured["queue_s"]), float(measured["rtt_s"]), measured["rate_scale"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"--queue-rtt {queue_rtt} is not a queue_rtt record: {exc}") from None
+    if scale != record["rate_scale"]:
+        raise ValueError(f"--queue-rtt {queue_rtt} was measured at rate scale {scale}, the jobs at "
+                         f"{record['rate_scale']}")
+    checked = flows.check(record, queue_s=queue_s, rtt_s=rtt_s)
+    return flows.job_rows(record, checked), {"queue_rtt": queue_rtt, "queue_s": queue_s, "rtt_s": rtt_s,
+                                             "fit": checked["fit"]}
