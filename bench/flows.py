@@ -54,7 +54,7 @@ import numpy as np
 from dssync.bench.links import Network, background_streams
 from dssync.patterns import Op, Pattern
 
-__all__ = ["check", "fit_background", "job_rows", "programs", "rank_times", "rates"]
+__all__ = ["check", "fit_background", "job_rows", "measured_queue", "programs", "rank_times", "rates"]
 
 Action = tuple[Any, ...]
 
@@ -115,7 +115,7 @@ def _op_program(me: int, op: Op, world_size: int) -> Iterator[Action]:
 
 
 def programs(pat: Pattern, world_size: int, iterations: int, compute_s: float) -> list[Iterator[Action]]:
-    """Each rank's program: per iteration, ``("start",)``, its ops' messages, ``("end",)``,
+    """Each rank's program: per iteration, ``("start", t)``, its ops' messages, ``("end", t)``,
     then ``compute_s`` of computation."""
     def program(me: int) -> Iterator[Action]:
         for t in range(iterations):
@@ -159,16 +159,16 @@ def rates(paths: Sequence[Sequence[int]], caps: np.ndarray, background: np.ndarr
     w = np.ones(len(paths)) if weights is None else np.asarray(weights, dtype=float)
     left = caps.astype(float).copy()
     load = background.astype(float).copy()  # the weight still rising on each link
+    unfixed = np.zeros(caps.size, dtype=int)  # flows on each link whose rate is still rising
     on: list[list[int]] = [[] for _ in range(caps.size)]
     for k, p in enumerate(paths):
         for link in p:
             on[link].append(k)
             load[link] += w[k]
-    live = np.zeros(caps.size, dtype=bool)
-    for p in paths:
-        live[list(p)] = True
+            unfixed[link] += 1
     fixed = np.zeros(len(paths), dtype=bool)
     while not fixed.all():
+        live = unfixed > 0
         level = np.full(caps.size, np.inf)
         level[live] = left[live] / load[live]
         link = int(np.argmin(level))
@@ -180,8 +180,7 @@ def rates(paths: Sequence[Sequence[int]], caps: np.ndarray, background: np.ndarr
                 for j in paths[k]:
                     left[j] -= out[k]
                     load[j] -= w[k]
-        live[link] = False
-        live &= np.array([any(not fixed[k] for k in ks) for ks in on])
+                    unfixed[j] -= 1
     return out
 
 
@@ -219,8 +218,12 @@ def rank_times(net: Network, pat: Pattern, iterations: int, *, compute_s: float 
         queues[key].append([now, float(nbytes), float(nbytes), latency(src, dst)])
 
     @functools.cache
+    def loaded(src: int, dst: int) -> bool:
+        """Whether the path from ``src`` to ``dst`` crosses a link that background streams load."""
+        return bool(busy[list(_path(net, rack, src, dst))].any())
+
     def latency(src: int, dst: int) -> float:
-        return net.alpha_s + (net.queue_s if busy[list(_path(net, rack, src, dst))].any() else 0.0)
+        return net.alpha_s + (net.queue_s if loaded(src, dst) else 0.0)
 
     def start(key: tuple[int, int, str]) -> float:
         """When the head message of ``key`` starts to move: once it is posted and, in a
@@ -261,7 +264,7 @@ def rank_times(net: Network, pat: Pattern, iterations: int, *, compute_s: float 
         active = [k for k, t in starts.items() if t <= now]
         pending = [t for t in starts.values() if now < t < np.inf]
         flow = rates([paths[k] for k in active], caps, background,
-                     [slowed if busy[list(paths[k])].any() else 1.0 for k in active])
+                     [slowed if loaded(k[0], k[1]) else 1.0 for k in active])
         finish = [now + queues[k][0][1] / f for k, f in zip(active, flow, strict=True)]
         nxt = min(finish + pending + [w for w, _ in wakeups[:1]], default=None)
         if nxt is None:
@@ -304,7 +307,7 @@ def fit_background(samples: Sequence[dict[str, Any]], net: Network, *, queue_s: 
     t = np.asarray([s["time_s"] for s in samples])
 
     def model(weight: float) -> np.ndarray:
-        trial = dataclasses.replace(net, background_weight=weight, queue_s=queue_s, head_bytes=0.0)
+        trial = dataclasses.replace(net, background_weight=weight, queue_s=queue_s)
         out = []
         for s in samples:
             pat = Pattern((), ((Op("allreduce", tuple(tuple(g) for g in s["groups"]), s["bytes"]),),))
@@ -327,7 +330,7 @@ def check(record: dict[str, Any], *, queue_s: float, rtt_s: float,
     measured seed."""
     from dssync.bench import simcheck
     from dssync.bench.simulate import network_of, planned_rounds
-    from dssync.patterns import pattern
+    from dssync.patterns import pattern, read_spec
 
     scale = record["rate_scale"]
     cal = simcheck.refit(record["calibration"], scale)
@@ -344,7 +347,7 @@ def check(record: dict[str, Any], *, queue_s: float, rtt_s: float,
         racks = [list(r) for r in net.topology().racks()]
         for strategy in dict.fromkeys(j["strategy"] for j in record["jobs"] if j["scenario"] == scenario):
             jobs = [j for j in record["jobs"] if j["scenario"] == scenario and j["strategy"] == strategy]
-            period = planned_rounds(net) if strategy.startswith("ds-sync") else ()
+            period = planned_rounds(net) if read_spec(strategy)[0] == "ds-sync" else ()
             pat = pattern(strategy, racks, record["model_bytes"], steps=record["steps"], plan_period=period)
             ms = 1e3 * rank_times(net, pat, record["steps"], compute_s=compute[strategy] / 1e3)[record["warmup"]:]
             wall, comm = compute[strategy] + float(ms[:, 0].mean()), float(ms.mean())
@@ -352,6 +355,22 @@ def check(record: dict[str, Any], *, queue_s: float, rtt_s: float,
                          "wall_ratios": [wall / j["wall_ms"] for j in jobs],
                          "comm_ratios": [comm / j["comm_ms"] for j in jobs]})
     return {"queue_s": queue_s, "rtt_s": rtt_s, "fit": fitted, "rows": rows}
+
+
+def measured_queue(path: str, rate_scale: float) -> tuple[float, float]:
+    """The queue and clear round trip of a ``bench.queue_rtt`` record (seconds), which must
+    have been measured at ``rate_scale``; ``ValueError`` saying what is wrong otherwise."""
+    import json
+    from pathlib import Path
+
+    try:
+        measured = json.loads(Path(path).read_text())
+        queue_s, rtt_s, scale = float(measured["queue_s"]), float(measured["rtt_s"]), measured["rate_scale"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is not a queue_rtt record: {exc}") from None
+    if scale != rate_scale:
+        raise ValueError(f"{path} was measured at rate scale {scale}, the jobs at {rate_scale}")
+    return queue_s, rtt_s
 
 
 def job_rows(record: dict[str, Any], checked: dict[str, Any]) -> list[dict[str, Any]]:
@@ -382,12 +401,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", metavar="OUT")
     args = p.parse_args(argv)
     record = json.loads(Path(args.record).read_text())
-    measured = json.loads(Path(args.queue_rtt).read_text())
-    if measured["rate_scale"] != record["rate_scale"]:
-        raise SystemExit(f"{args.queue_rtt} was measured at rate scale {measured['rate_scale']}, "
-                         f"{args.record} at {record['rate_scale']}")
-    rtt_s = measured["rtt_s"] if args.rtt_ms is None else args.rtt_ms / 1e3
-    out = check(record, queue_s=measured["queue_s"], rtt_s=rtt_s,
+    try:
+        queue_s, rtt_s = measured_queue(args.queue_rtt, record["rate_scale"])
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    rtt_s = rtt_s if args.rtt_ms is None else args.rtt_ms / 1e3
+    out = check(record, queue_s=queue_s, rtt_s=rtt_s,
                 scenarios=[s for s in args.scenarios.split(",") if s] or None)
     f = out["fit"]
     print(f"queue {1e3 * out['queue_s']:.1f} ms ({args.queue_rtt}) and clear round trip {1e3 * out['rtt_s']:.2f} ms; "

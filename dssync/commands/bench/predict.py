@@ -85,14 +85,10 @@ def run_predict(args: argparse.Namespace) -> int:
         fractions = [unit_interval(x) for x in args.contended.split(",") if x.strip()]
     except argparse.ArgumentTypeError as exc:
         raise ValueError(f"--contended: {exc}") from None
-    from dssync.patterns import communication_spec
+    from dssync._text import parse_variant
 
     def modelled(s: str) -> bool:
-        try:
-            communication_spec(s)
-        except ValueError:
-            return False
-        return True
+        return parse_variant(s)[0] in SIMCHECK_STRATEGIES
     if args.strategies is None:
         strategies = [s for s in factors if modelled(s)]
     else:

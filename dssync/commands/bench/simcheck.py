@@ -94,19 +94,12 @@ def run_simcheck(args: argparse.Namespace) -> int:
 def _flow_rows(record: dict, queue_rtt: str) -> tuple[list, dict]:
     """The flow model's rows for ``record``'s jobs, with the queue and round trip of the
     ``queue_rtt`` record, and what it used (``flow_model`` in the record)."""
-    import json
-    from pathlib import Path
-
     from dssync.bench import flows
 
     try:
-        measured = json.loads(Path(queue_rtt).read_text())
-        queue_s, rtt_s, scale = float(measured["queue_s"]), float(measured["rtt_s"]), measured["rate_scale"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"--queue-rtt {queue_rtt} is not a queue_rtt record: {exc}") from None
-    if scale != record["rate_scale"]:
-        raise ValueError(f"--queue-rtt {queue_rtt} was measured at rate scale {scale}, the jobs at "
-                         f"{record['rate_scale']}")
+        queue_s, rtt_s = flows.measured_queue(queue_rtt, record["rate_scale"])
+    except ValueError as exc:
+        raise ValueError(f"--queue-rtt {exc}") from None
     checked = flows.check(record, queue_s=queue_s, rtt_s=rtt_s)
     return flows.job_rows(record, checked), {"queue_rtt": queue_rtt, "queue_s": queue_s, "rtt_s": rtt_s,
                                              "fit": checked["fit"]}
