@@ -35,7 +35,6 @@ from dssync._text import parse_variant
 from dssync.bench.simulate import Network, simulate
 from dssync.bench.tables import markdown
 from dssync.patterns import communication_spec
-from dssync.training.loop import first_at_target
 
 __all__ = ["contended_racks", "iterations_factors", "plot", "predict_tta", "markdown_table", "validation_spread"]
 
@@ -52,6 +51,8 @@ def iterations_factors(records: Sequence[dict[str, Any]], *, reference: str = "d
     never reached it; and how many runs reached it. The target of a scenario is the
     reference's lowest best accuracy over its seeds (``dssync bench compare``'s rule), so
     every reference run reaches it."""
+    from dssync.training.loop import first_at_target  # the training loop's rule; it imports torch
+
     targets: dict[str, float] = {}
     for r in records:
         if r["strategy"] == reference:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import signal
 import sys
@@ -15,12 +16,12 @@ if sys.argv[1:2] == ["emulate"]:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 from dssync import __version__  # noqa: E402
-from dssync.commands import bench, demo, emulate, plan, probe, simulate, train, tune
 from dssync.errors import DssyncError  # noqa: E402
 
-__all__ = ["Terminated", "main", "raise_on_sigterm"]
+__all__ = ["Terminated", "build_parser", "main", "raise_on_sigterm"]
 
-_COMMANDS = (demo, train, plan, bench, emulate, probe, simulate, tune)
+#: The subcommands, each a module of ``dssync.commands``, in ``--help`` order.
+_COMMANDS = ("demo", "train", "plan", "bench", "emulate", "probe", "simulate", "tune")
 
 
 class Terminated(BaseException):
@@ -55,20 +56,34 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command_modules(argv: Sequence[str] | None) -> list:
+    """The command modules to build the parser from. Only the one ``argv`` names, so that a
+    command that needs no torch (``simulate``, ``plan``, ``tune``) starts without importing
+    it (some 2 s of CPU); every one for ``--help``, a mistyped command, and ``emulate``, whose
+    ``run`` forks ``dssync`` workers from this process and wants torch imported before it."""
+    named = next((a for a in (argv or ()) if not a.startswith("-")), None)
+    names = (named,) if named in _COMMANDS and named != "emulate" else _COMMANDS
+    return [importlib.import_module(f"dssync.commands.{name}") for name in names]
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``dssync`` parser: every subcommand, or, given the ``argv`` it will parse, only
+    the subcommand it names (``_command_modules``)."""
     parser = _Parser(
         prog="dssync",
         description="Divide-and-shuffle synchronization for data-parallel PyTorch training.",
     )
     parser.add_argument("--version", action="version", version=f"dssync {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in _COMMANDS:
+    for module in _command_modules(argv):
         module.add_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    if argv is None:
+        argv = sys.argv[1:]
+    args = build_parser(argv).parse_args(argv)
     raise_on_sigterm()
     try:
         return int(args.run(args) or 0)

@@ -250,6 +250,23 @@ def test_simulate_writes_every_strategy_and_ds_sync_beats_allreduce_under_conten
     assert ms["ds-sync"] < ms["allreduce"]
 
 
+def test_the_commands_that_need_no_torch_run_without_importing_it(tmp_path):
+    # The simulator and the planner are data in, data out: their commands start in a fraction
+    # of the second torch's import takes. The oracle is the interpreter's own module table.
+    code = (
+        "import sys\n"
+        "from dssync.cli import main\n"
+        f"assert main(['simulate', '--racks', '2', '--workers-per-rack', '4', '--iterations', '5', "
+        f"'--contended-uplinks', '0.5', '--strategies', 'ds-sync:world_first=0.25,gossip']) == 0\n"
+        f"assert main(['plan', '--rack-sizes', '3,5', '--slow-uplinks', '1', '--out', {str(tmp_path / 's.json')!r}]) == 0\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'dssync.strategies'))))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+    assert Schedule.load(tmp_path / "s.json").world_size == 8
+
+
 def test_bench_predict_carries_the_measured_iterations_to_target_to_every_scale(tmp_path):
     """On the recorded simcheck and compare records: ddp is its own reference (1.0), a
     strategy that never reached the target has no prediction, and every other ratio is ddp's
