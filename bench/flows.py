@@ -16,7 +16,8 @@ point-to-point messages of gloo's algorithms (``programs``):
   of its children at once;
 - a gossip transfer is one send and one receive;
 - the parameter server's push-pull sends ``S/N`` to every shard, whose server replies with
-  ``S/N`` when the push has arrived; the worker waits for every reply.
+  ``S/N`` when the pushes of the worker's group have arrived (its own alone in ASP, the
+  world's in a synchronous round); the worker waits for every reply.
 
 A send never blocks (the socket takes the message); a receive blocks until the message has
 arrived. Messages between two ranks go in order over one connection, one after the other;
@@ -74,8 +75,10 @@ def _op_program(me: int, op: Op, world_size: int) -> Iterator[Action]:
     """``me``'s messages in ``op`` (nothing where ``me`` is in none of its groups)."""
     if op.kind == "push-pull":
         others = [j for j in range(world_size) if j != me]
+        group = next((tuple(g) for g in op.groups if me in g), (me,))
+        yield ("pushed", group, op.nbytes / world_size)  # into its own shard, no message
         for j in others:
-            yield ("send", j, op.nbytes / world_size, "push")
+            yield ("send", j, op.nbytes / world_size, "push", group)
         for j in others:
             yield ("recv", j, "pull")
         return
@@ -198,7 +201,7 @@ def rank_times(net: Network, pat: Pattern, iterations: int, *, compute_s: float 
     progs = programs(pat, n, iterations, compute_s)
     out = np.zeros((iterations, n))
     begun = np.zeros(n)
-    # connections: (src, dst, channel) -> deque of [posted at, bytes left, bytes, delay];
+    # connections: (src, dst, channel) -> deque of [posted at, bytes left, bytes, delay, pushing group];
     # messages delivered, and when the receiver posted each of its receives
     queues: dict[tuple[int, int, str], deque] = {}
     delivered: dict[tuple[int, int, str], int] = {}
@@ -210,12 +213,23 @@ def rank_times(net: Network, pat: Pattern, iterations: int, *, compute_s: float 
     runnable = deque(range(n))
     now = 0.0
 
-    def post(src: int, dst: int, nbytes: float, channel: str) -> None:
+    pushed: dict[tuple[int, tuple[int, ...]], int] = {}  # (shard, group) -> the group's pushes in this round
+
+    def post(src: int, dst: int, nbytes: float, channel: str, group: tuple[int, ...] = ()) -> None:
         key = (src, dst, channel)
         if key not in paths:
             paths[key] = _path(net, rack, src, dst)
             queues[key] = deque()
-        queues[key].append([now, float(nbytes), float(nbytes), latency(src, dst)])
+        queues[key].append([now, float(nbytes), float(nbytes), latency(src, dst), group])
+
+    def answer(shard: int, group: tuple[int, ...], nbytes: float) -> None:
+        """A push of ``group`` is in at ``shard``: once all of the group's are, the replies go."""
+        got = pushed[shard, group] = pushed.get((shard, group), 0) + 1
+        if got == len(group):
+            pushed[shard, group] = 0
+            for w in group:
+                if w != shard:
+                    post(shard, w, nbytes, "pull")
 
     @functools.cache
     def loaded(src: int, dst: int) -> bool:
@@ -241,7 +255,9 @@ def rank_times(net: Network, pat: Pattern, iterations: int, *, compute_s: float 
         for action in progs[r]:
             kind = action[0]
             if kind == "send":
-                post(r, action[1], action[2], action[3])
+                post(r, action[1], action[2], action[3], *action[4:])
+            elif kind == "pushed":
+                answer(r, action[1], action[2])
             elif kind == "recv":
                 key = (action[1], r, action[2])
                 expected[key] = expected.get(key, 0) + 1
@@ -277,8 +293,8 @@ def rank_times(net: Network, pat: Pattern, iterations: int, *, compute_s: float 
             if end <= now * (1 + 1e-12) or head[1] <= 1e-9 * head[2]:
                 queues[k].popleft()
                 delivered[k] = delivered.get(k, 0) + 1
-                if k[2] == "push":  # the shard's server replies once the push is in
-                    post(k[1], k[0], head[2], "pull")
+                if k[2] == "push":  # the shard's server replies once the group's pushes are in
+                    answer(k[1], head[4], head[2])
                 for r in waiting.pop(k, []):
                     if delivered[k] >= expected[k]:
                         runnable.append(r)

@@ -17,7 +17,9 @@ Kinds of ``Op`` (every group of one ``Op`` runs at once, ranks numbered rack by 
 - ``send``: each group is ``(src, dst)``, a transfer of ``nbytes``; every rank sends one and
   receives one (gossip);
 - ``push-pull``: every rank pushes ``nbytes`` to the parameter server's shards, spread evenly
-  over every rank, and pulls as much back (ASP); a group is one rank, who waits for nobody.
+  over every rank, and pulls as much back; a shard answers a group's pulls once every member
+  of the group has pushed to it: groups of one rank, who waits for nobody (ASP), or the world
+  (bulk-synchronous SGD on the servers, sync-switch's first phase).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ __all__ = ["DEFAULTS", "MODELLED", "Op", "Pattern", "communication_spec", "ddp_b
 Group = tuple[int, ...]
 
 #: The strategies that have a pattern, in the order benchmark tables list them.
-MODELLED = ("ddp", "allreduce", "hierarchical", "torch-hier", "diloco", "local-sgd", "gossip", "asp", "ds-sync")
+MODELLED = ("ddp", "allreduce", "hierarchical", "torch-hier", "diloco", "local-sgd", "gossip", "asp", "sync-switch",
+            "ds-sync")
 
 #: Each modelled strategy's settings that shape what it communicates, at their defaults (the
 #: defaults of the strategy's own ``Config``; a unit test holds the two together).
@@ -49,6 +52,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "local-sgd": {"period": 8},
     "gossip": {"period": 1},
     "asp": {},
+    "sync-switch": {"switch_at": 0.5, "policy": "none"},
     "ds-sync": {"world_every": 0, "world_first": 0.0},
 }
 
@@ -180,8 +184,22 @@ def pattern(spec: str, racks: Sequence[Sequence[int]], nbytes: float, *, steps: 
             pairs = tuple((r, gossip_peers(r, n, k)[0]) for r in range(n))
             rounds += every(period, (Op("send", pairs, nbytes),))
         return Pattern((), tuple(rounds))
+    asp: Iteration = (Op("push-pull", tuple((r,) for r in range(n)), nbytes),)
     if name == "asp":
-        return Pattern((), ((Op("push-pull", tuple((r,) for r in range(n)), nbytes),),))
+        return Pattern((), (asp,))
+    if name == "sync-switch":  # BSP on the servers for the first switch_at of the run, then ASP
+        if s["policy"] != "none":
+            raise ValueError(f"{spec!r}: a {s['policy']} policy switches when it measures a straggler, which a "
+                             "pattern cannot say; the simulator models policy=none, the switch at switch_at")
+        if not 0 <= s["switch_at"] <= 1:
+            raise ValueError(f"{spec!r}: switch_at is a fraction of the run in [0, 1]")
+        bsp: Iteration = (Op("push-pull", world, nbytes),)
+        switch = round(s["switch_at"] * steps)
+        if not 0 < switch < steps:
+            return Pattern((), (bsp if switch else asp,))
+        # The switch, at the end of the last BSP iteration (the strategy's barriers and its pull
+        # of the settled parameters): one more synchronous exchange.
+        return Pattern((bsp,) * (switch - 1) + (bsp + bsp,), (asp,))
     # ds-sync: the plan's rounds, the world in place of every world_every-th iteration and
     # of each of the first world_first of the run's
     if not plan_period:

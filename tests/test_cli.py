@@ -245,7 +245,7 @@ def test_simulate_writes_every_strategy_and_ds_sync_beats_allreduce_under_conten
     assert proc.returncode == 0, proc.stderr
     record = json.loads(out.read_text())
     assert set(record["strategies"]) == {"ddp", "allreduce", "hierarchical", "torch-hier", "diloco", "local-sgd", "gossip", "asp",
-                                         "ds-sync"}
+                                         "sync-switch", "ds-sync"}
     ms = {s: r["median_ms"] for s, r in record["strategies"].items()}
     assert ms["ds-sync"] < ms["allreduce"]
 

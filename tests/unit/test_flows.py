@@ -77,6 +77,22 @@ def test_the_parameter_servers_push_pull_is_a_push_to_every_shard_and_its_reply(
     assert ms[0] == pytest.approx(np.full(n, 2 * (n - 1) * S / n / B))
 
 
+def test_a_synchronous_round_on_the_servers_waits_for_every_members_push():
+    # rank 1 is held up receiving 4S from rank 0 before it pushes. In a synchronous round (BSP
+    # on the servers, the world one group) no shard replies before rank 1's push is in, so
+    # every rank waits at least those 4S, then rank 1's push of S/n and a reply of S/n, each at
+    # a NIC's rate at most; in ASP (groups of one) rank 2 waits for nobody
+    n = 4
+    net = Network((n,), nic_bps=B, uplink_bps=B, alpha_s=0.0)
+
+    def ms(groups):
+        pat = _every_iteration(Op("send", ((0, 1),), 4 * S), Op("push-pull", groups, S))
+        return flows.rank_times(net, pat, 1)[0]
+    held = 4 * S / B
+    assert ms(((0, 1, 2, 3),)).min() >= held + 2 * S / n / B - 1e-12
+    assert ms(tuple((i,) for i in range(n)))[2] < held
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_rates_are_weighted_max_min_fair(data):

@@ -3,8 +3,9 @@
 Each strategy that runs on the communicator runs a few iterations on the in-process fake
 world, which records every call (rank, collective, group, elements); each rank's calls per
 iteration must be what its strategy's pattern says, op by op, in order. ddp and torch-hier
-communicate through torch.distributed and asp through its own sockets, outside the fake
-world: for them the settings that shape their pattern are checked against their Configs.
+communicate through torch.distributed and asp and sync-switch through the parameter
+servers' own sockets, outside the fake world: for them the settings that shape their
+pattern are checked against their Configs.
 """
 
 import subprocess
@@ -125,6 +126,19 @@ def test_torch_hier_and_ddp_patterns_at_other_settings():
     mib = 1 << 20
     ddp = pattern("ddp:bucket_cap_mb=10", racks, 25 * mib).iteration(0)
     assert [op.nbytes for op in ddp] == [mib, 10 * mib, 10 * mib, 4 * mib]
+
+
+def test_sync_switch_is_bsp_on_the_servers_until_its_switch_then_asp():
+    racks = [[0, 1], [2, 3]]
+    bsp, asp = Op("push-pull", ((0, 1, 2, 3),), 8.0), Op("push-pull", ((0,), (1,), (2,), (3,)), 8.0)
+    # round(0.5 * 10) = 5 BSP iterations, the last of them also the switch (its barriers and
+    # pull of the settled parameters), then ASP
+    pat = pattern("sync-switch", racks, 8.0, steps=10)
+    assert [pat.iteration(t) for t in range(7)] == [(bsp,)] * 4 + [(bsp, bsp), (asp,), (asp,)]
+    assert pattern("sync-switch:switch_at=0", racks, 8.0, steps=10).iteration(0) == (asp,)
+    assert {pattern("sync-switch:switch_at=1", racks, 8.0, steps=10).iteration(t) for t in range(10)} == {(bsp,)}
+    with pytest.raises(ValueError, match="a greedy policy switches when it measures a straggler"):
+        pattern("sync-switch:policy=greedy", racks, 8.0, steps=10)
 
 
 def test_the_simulator_imports_neither_torch_nor_a_strategy():
