@@ -267,8 +267,10 @@ class PartialServer:
         shard = -1
         t0 = time.perf_counter()
         try:
-            for shard, (sock, payload) in enumerate(zip(self.links.socks, views, strict=True)):  # noqa: B007
-                sock.sendall(HEADER.pack(Op.PUSHPULL, self.rank, pushed[shard], 0, payload.nbytes) + payload)
+            for shard in self.links.push_order():
+                payload = views[shard]
+                self.links.socks[shard].sendall(HEADER.pack(Op.PUSHPULL, self.rank, pushed[shard], 0, payload.nbytes)
+                                                + payload)
         except OSError as exc:
             raise CommunicationError(f"rank {self.rank}: push at iteration {clock} to the shard of rank {shard} "
                                      f"failed: {exc or type(exc).__name__}") from None

@@ -157,7 +157,8 @@ class ParameterServer:
         shard = -1
         started = time.monotonic()
         try:
-            for shard, (sock, payload) in enumerate(zip(socks, sent, strict=True)):  # noqa: B007
+            for shard in self.links.push_order():
+                sock, payload = socks[shard], sent[shard]
                 sock.sendall(HEADER.pack(op, self.rank, clock, 0, payload.nbytes))
                 if payload.nbytes:
                     sock.sendall(payload)
