@@ -55,7 +55,8 @@ import numpy as np
 from dssync.bench.links import Network, background_streams
 from dssync.patterns import Op, Pattern
 
-__all__ = ["check", "fit_background", "job_rows", "measured_queue", "programs", "rank_times", "rates"]
+__all__ = ["check", "fit_background", "job_rows", "measured_queue", "programs", "rank_times", "rates",
+           "scenario_network"]
 
 Action = tuple[Any, ...]
 
@@ -336,6 +337,18 @@ def fit_background(samples: Sequence[dict[str, Any]], net: Network, *, queue_s: 
             "fit_ratio_range": [float((predicted / t).min()), float((predicted / t).max())]}
 
 
+def scenario_network(scenario: str, rate_scale: float, calibration: dict[str, Any], background_weight: float, *,
+                     queue_s: float, rtt_s: float) -> Network:
+    """This model's network of an emulated scenario: latency, efficiency and the local weight
+    from a simcheck ``calibration`` (``simcheck.refit``'s), the background's weight fitted for
+    this model (``fit_background``), the queue and clear round trip measured."""
+    from dssync.bench.simulate import network_of
+
+    return network_of(scenario, rate_scale=rate_scale, alpha_s=calibration["alpha_s"],
+                      efficiency=calibration["efficiency"], local_weight=calibration.get("local_weight", 1.0),
+                      background_weight=background_weight, queue_s=queue_s, rtt_s=rtt_s)
+
+
 def check(record: dict[str, Any], *, queue_s: float, rtt_s: float,
           scenarios: Sequence[str] | None = None) -> dict[str, Any]:
     """This model against a ``dssync bench simcheck`` record's jobs: its latency and efficiency
@@ -357,9 +370,7 @@ def check(record: dict[str, Any], *, queue_s: float, rtt_s: float,
     for scenario in dict.fromkeys(j["scenario"] for j in record["jobs"]):
         if scenarios is not None and scenario not in scenarios:
             continue
-        net = network_of(scenario, rate_scale=scale, alpha_s=cal["alpha_s"], efficiency=cal["efficiency"],
-                         local_weight=cal.get("local_weight", 1.0), background_weight=fitted["background_weight"],
-                         queue_s=queue_s, rtt_s=rtt_s)
+        net = scenario_network(scenario, scale, cal, fitted["background_weight"], queue_s=queue_s, rtt_s=rtt_s)
         racks = [list(r) for r in net.topology().racks()]
         for strategy in dict.fromkeys(j["strategy"] for j in record["jobs"] if j["scenario"] == scenario):
             jobs = [j for j in record["jobs"] if j["scenario"] == scenario and j["strategy"] == strategy]

@@ -180,8 +180,10 @@ def _priced(net: Network, op: Op, index: int) -> tuple[Any, tuple]:
         return _group_finish, _as_round(groups, np.full(len(groups), _reduce_time(net, groups, op.nbytes)))
     if op.kind == "broadcast":
         return _group_finish, _as_round(groups, np.full(len(groups), _broadcast_time(net, groups, op.nbytes)))
-    if op.kind == "push-pull":  # every worker pushes to and pulls from every shard; nobody waits
-        return _group_finish, _as_round(groups, np.full(len(groups), 2 * _all_to_all_time(net, op.nbytes)))
+    if op.kind == "push-pull":  # every worker pushes to and pulls from every shard
+        together = any(len(g) > 1 for g in groups)  # a synchronous round: every push, then every reply, at once
+        return _group_finish, _as_round(groups, np.full(len(groups), 2 * _all_to_all_time(net, op.nbytes,
+                                                                                            together=together)))
     if op.kind == "send":
         src = np.array([g[0] for g in groups], dtype=int)
         dst = np.array([g[1] for g in groups], dtype=int)
@@ -219,12 +221,16 @@ def _binding_links(net: Network, src: np.ndarray, dst: np.ndarray) -> tuple[np.n
     return link, count[link]
 
 
-def _all_to_all_time(net: Network, size_bytes: float) -> float:
+def _all_to_all_time(net: Network, size_bytes: float, *, together: bool = False) -> float:
     """Seconds for every worker to send ``size_bytes / n`` to every other worker at once (one
     direction of the parameter server's exchange), in closed form: a NIC carries ``n - 1`` of
     the job's flows each way, rack ``r``'s uplink ``G_r (n - G_r)``, and the slowest flow sits
     on the link with the smallest share (with background streams: behind their queue, its
-    head alone, the rest at its weighted share)."""
+    head alone, the rest at its weighted share). ``together``: the flows start at one moment
+    (a synchronous round waits for every push before any reply), and the ``f`` of them
+    through a link end one after another, the last at ``2 f / (f + 1)`` of the fair time,
+    the rule gossip's exchanges showed (``_gossip_finish``); the round waits for its last.
+    An asynchronous worker's pushes meet the others' at every stage of theirs instead."""
     n = net.world_size
     if n < 2:
         return 0.0
@@ -233,15 +239,21 @@ def _all_to_all_time(net: Network, size_bytes: float) -> float:
     crossing = sizes * (n - sizes)
     live = crossing > 0
     share = size_bytes / n
+
+    def last(flows: float) -> float:  # the last of ``flows`` that started together, over the fair time
+        return 2 * flows / (flows + 1) if together else 1.0
     # the slowest flow on a link without background streams ...
     nics, ups = net.nics(), net.uplinks()
-    rate = min(float(nics.min()) / (n - 1), float((ups[live] / crossing[live]).min()) if live.any() else np.inf)
-    seconds = share / (net.efficiency * rate)
+    seconds = last(n - 1) * share * (n - 1) / (net.efficiency * float(nics.min()))
+    if live.any():
+        seconds = max(seconds, max(last(f) * share * f / (net.efficiency * float(b))
+                                   for f, b in zip(crossing[live], ups[live], strict=True)))
     # ... and on each link with them (a NIC, an uplink), as per_flow_times prices it
     for bps, flows, k in [(nics[i], n - 1, net.local_weight * bg_nic[i]) for i in np.flatnonzero(bg_nic)] + \
             [(ups[r], crossing[r], net.background_weight * bg_up[r]) for r in np.flatnonzero(live & (bg_up > 0))]:
         head = min(share, net.head_bytes / flows)
-        seconds = max(seconds, net.queue_s + (head * flows + (share - head) * (flows + k)) / (net.efficiency * bps))
+        seconds = max(seconds, net.queue_s + last(flows) * (head * flows + (share - head) * (flows + k))
+                      / (net.efficiency * bps))
     if np.isfinite(net.host_bps):
         intra = float((sizes * (sizes - 1)).sum())
         veth_bytes = share * (2 * intra + 4 * (n * (n - 1) - intra))

@@ -195,11 +195,10 @@ def pattern(spec: str, racks: Sequence[Sequence[int]], nbytes: float, *, steps: 
             raise ValueError(f"{spec!r}: switch_at is a fraction of the run in [0, 1]")
         bsp: Iteration = (Op("push-pull", world, nbytes),)
         switch = round(s["switch_at"] * steps)
-        if not 0 < switch < steps:
-            return Pattern((), (bsp if switch else asp,))
-        # The switch, at the end of the last BSP iteration (the strategy's barriers and its pull
-        # of the settled parameters): one more synchronous exchange.
-        return Pattern((bsp,) * (switch - 1) + (bsp + bsp,), (asp,))
+        # The switch itself (barriers, a pull of the settled parameters, new servers) is the
+        # strategy's untimed bookkeeping after an iteration's communication (switch_s in its
+        # stats), in no iteration's communication time: it is not in the pattern.
+        return Pattern((bsp,) * switch, (bsp if switch >= steps > 0 else asp,))
     # ds-sync: the plan's rounds, the world in place of every world_every-th iteration and
     # of each of the first world_first of the run's
     if not plan_period:

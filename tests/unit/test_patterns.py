@@ -131,10 +131,10 @@ def test_torch_hier_and_ddp_patterns_at_other_settings():
 def test_sync_switch_is_bsp_on_the_servers_until_its_switch_then_asp():
     racks = [[0, 1], [2, 3]]
     bsp, asp = Op("push-pull", ((0, 1, 2, 3),), 8.0), Op("push-pull", ((0,), (1,), (2,), (3,)), 8.0)
-    # round(0.5 * 10) = 5 BSP iterations, the last of them also the switch (its barriers and
-    # pull of the settled parameters), then ASP
+    # round(0.5 * 10) = 5 BSP iterations, then ASP (the switch is not timed communication)
     pat = pattern("sync-switch", racks, 8.0, steps=10)
-    assert [pat.iteration(t) for t in range(7)] == [(bsp,)] * 4 + [(bsp, bsp), (asp,), (asp,)]
+    assert [pat.iteration(t) for t in range(7)] == [(bsp,)] * 5 + [(asp,), (asp,)]
+    assert pattern("sync-switch:switch_at=0.125", racks, 8.0, steps=10).iteration(0) == (bsp,)
     assert pattern("sync-switch:switch_at=0", racks, 8.0, steps=10).iteration(0) == (asp,)
     assert {pattern("sync-switch:switch_at=1", racks, 8.0, steps=10).iteration(t) for t in range(10)} == {(bsp,)}
     with pytest.raises(ValueError, match="a greedy policy switches when it measures a straggler"):
