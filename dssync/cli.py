@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 from typing import NoReturn
 
 if sys.argv[1:2] == ["emulate"]:
@@ -56,7 +57,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _command_modules(argv: Sequence[str] | None) -> list:
+def _command_modules(argv: Sequence[str] | None) -> list[ModuleType]:
     """The command modules to build the parser from. Only the one ``argv`` names, so that a
     command that needs no torch (``simulate``, ``plan``, ``tune``) starts without importing
     it (some 2 s of CPU); every one for ``--help``, a mistyped command, and ``emulate``, whose
