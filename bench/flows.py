@@ -55,7 +55,7 @@ import numpy as np
 from dssync.bench.links import Network, background_streams
 from dssync.patterns import Op, Pattern
 
-__all__ = ["check", "fit_background", "job_rows", "measured_queue", "programs", "rank_times", "rates",
+__all__ = ["check", "fit_background", "fit_record", "job_rows", "measured_queue", "programs", "rank_times", "rates",
            "scenario_network"]
 
 Action = tuple[Any, ...]
@@ -349,6 +349,19 @@ def scenario_network(scenario: str, rate_scale: float, calibration: dict[str, An
                       background_weight=background_weight, queue_s=queue_s, rtt_s=rtt_s)
 
 
+def fit_record(record: dict[str, Any], *, queue_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A ``dssync bench simcheck`` record's calibration as the record's own model fits it
+    (``simcheck.refit``), and this model's background weight fitted to its contended samples
+    (``fit_background``) on ``inter-rack`` with that calibration's latency and efficiency."""
+    from dssync.bench import simcheck
+    from dssync.bench.simulate import network_of
+
+    scale = record["rate_scale"]
+    cal = simcheck.refit(record["calibration"], scale)
+    busy = network_of("inter-rack", rate_scale=scale, alpha_s=cal["alpha_s"], efficiency=cal["efficiency"])
+    return cal, fit_background(cal["contended_samples"], busy, queue_s=queue_s)
+
+
 def check(record: dict[str, Any], *, queue_s: float, rtt_s: float,
           scenarios: Sequence[str] | None = None) -> dict[str, Any]:
     """This model against a ``dssync bench simcheck`` record's jobs: its latency and efficiency
@@ -357,14 +370,11 @@ def check(record: dict[str, Any], *, queue_s: float, rtt_s: float,
     for this model to the calibration's contended samples (``fit_background``); per scenario
     and strategy, simulated wall and per-rank comm ms per iteration and their ratios to each
     measured seed."""
-    from dssync.bench import simcheck
-    from dssync.bench.simulate import network_of, planned_rounds
+    from dssync.bench.simulate import planned_rounds
     from dssync.patterns import pattern, read_spec
 
     scale = record["rate_scale"]
-    cal = simcheck.refit(record["calibration"], scale)
-    busy = network_of("inter-rack", rate_scale=scale, alpha_s=cal["alpha_s"], efficiency=cal["efficiency"])
-    fitted = fit_background(cal["contended_samples"], busy, queue_s=queue_s)
+    cal, fitted = fit_record(record, queue_s=queue_s)
     compute = {r["strategy"]: r["compute_ms"] for r in record["cpu"]}
     rows = []
     for scenario in dict.fromkeys(j["scenario"] for j in record["jobs"]):

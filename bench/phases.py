@@ -32,9 +32,8 @@ def phases(record: dict[str, Any], *, queue_s: float, rtt_s: float) -> list[dict
     from dssync.patterns import pattern, read_spec
 
     steps, warmup, size, scale = record["steps"], record["warmup"], record["model_bytes"], record["rate_scale"]
-    cal = simcheck.refit(record["calibration"], scale)
-    busy = network_of("inter-rack", rate_scale=scale, alpha_s=cal["alpha_s"], efficiency=cal["efficiency"])
-    weight = flows.fit_background(cal["contended_samples"], busy, queue_s=queue_s)["background_weight"]
+    cal, fitted = flows.fit_record(record, queue_s=queue_s)
+    weight = fitted["background_weight"]
     compute_s = {r["strategy"]: r["compute_ms"] / 1e3 for r in record["cpu"]}["sync-switch"]
     out = []
     for scenario in dict.fromkeys(j["scenario"] for j in record["jobs"] if j["strategy"] == "sync-switch"):

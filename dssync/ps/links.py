@@ -50,6 +50,7 @@ class ShardLinks:
         self.timeout_s = timeout_s
         self.client_timeout_s = 2 * timeout_s
         self.bounds = shard_bounds(numel, self.n)
+        self.push_order = push_order(self.rank, self.n)  # the shards in the order this worker sends to them
         self.name = name
         self._secret = job_secret(comm)
         self._listener = socket.create_server((local_address(), 0), backlog=self.n)
@@ -65,9 +66,6 @@ class ShardLinks:
                               secret=self._secret, worker=self.rank)
                       for s, a in enumerate(addrs)]
 
-    def push_order(self) -> list[int]:
-        """The shards in the order this worker sends to them (``push_order``)."""
-        return push_order(self.rank, self.n)
 
     def views(self, tensor: torch.Tensor) -> list[memoryview]:
         """Byte views of each shard's slice of ``tensor`` (a contiguous float32 CPU vector)."""

@@ -267,7 +267,7 @@ class PartialServer:
         shard = -1
         t0 = time.perf_counter()
         try:
-            for shard in self.links.push_order():
+            for shard in self.links.push_order:
                 payload = views[shard]
                 self.links.socks[shard].sendall(HEADER.pack(Op.PUSHPULL, self.rank, pushed[shard], 0, payload.nbytes)
                                                 + payload)

@@ -157,7 +157,7 @@ class ParameterServer:
         shard = -1
         started = time.monotonic()
         try:
-            for shard in self.links.push_order():
+            for shard in self.links.push_order:
                 sock, payload = socks[shard], sent[shard]
                 sock.sendall(HEADER.pack(op, self.rank, clock, 0, payload.nbytes))
                 if payload.nbytes:
