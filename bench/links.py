@@ -132,6 +132,17 @@ def per_flow_times(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.nd
     return np.where(busy, net.queue_s, 0.0) + head / alone + (nbytes - head) / shared
 
 
+def behind_queue(net: Network, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Which flows wait in a queue that background streams keep full: their sender's NIC, or
+    (between racks) their rack's uplink, carries background streams their way, and the
+    network has such a queue (``queue_s``)."""
+    if net.queue_s <= 0:
+        return np.zeros(src.size, dtype=bool)
+    racks = net.rack_of()
+    bg_nic, bg_up = background_streams(net)
+    return (bg_nic[src] > 0) | ((racks[src] != racks[dst]) & (bg_up[racks[src]] > 0))
+
+
 def background_streams(net: Network) -> tuple[np.ndarray, np.ndarray]:
     """Background streams leaving each worker's NIC and each rack's uplink (a NIC's streams
     cross its rack's uplink too, with ``nic_crosses_uplink``)."""

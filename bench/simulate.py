@@ -25,6 +25,9 @@ a link's bytes per second):
   clock (``rank_times``): a collective of the whole world lines them up, but a ds-sync group
   starts when its last member arrives and a gossip transfer when both of its ends have, so
   a rank that left a fast group waits, next iteration, for a peer still in a slow one. A
+  ring member whose last message is queued behind background streams leaves before it
+  arrives, and while its next group inside its rack keeps its NIC busy the message waits,
+  and so does its receiver (``rank_times``). A
   gossip transfer sharing its link with ``f - 1`` others ends at ``2 j / (f + 1)`` of the
   fair time, ``j`` its place in a random order (``_gossip_finish``). An iteration's figure
   is the harness's, the longest any rank spent, waits included.
@@ -43,17 +46,25 @@ clocks advance by them; 1000 iterations of 16,384 workers take seconds for every
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import astuple, dataclass
 from typing import Any
 
 import numpy as np
 
-from dssync.bench.links import Network, background_streams, host_time, per_flow_times, step_time
-from dssync.patterns import MODELLED, Op, pattern, read_spec
+from dssync.bench.links import (
+    Network,
+    background_streams,
+    behind_queue,
+    host_time,
+    per_flow_times,
+    step_time,
+)
+from dssync.patterns import MODELLED, Op, Pattern, pattern, read_spec
 from dssync.planning.planner import plan
 from dssync.topology import Topology
 
-__all__ = ["STRATEGIES", "Network", "iteration_times", "network_of", "planned_rounds", "rank_times", "ring_round", "simulate",
-           "table_ii", "with_contention"]
+__all__ = ["STRATEGIES", "Network", "iteration_times", "network_of", "pattern_times", "planned_rounds", "rank_times",
+           "ring_round", "simulate", "table_ii", "with_contention"]
 
 #: The strategies the simulator has a pattern of (``dssync.patterns``), in table order.
 STRATEGIES = MODELLED
@@ -62,10 +73,20 @@ STRATEGIES = MODELLED
 def _ring_groups(net: Network, groups: Sequence[Sequence[int]], size_bytes: float) -> np.ndarray:
     """All ``groups`` ring-allreduce ``size_bytes`` at once; each group's time (0 for a group
     of one)."""
+    return _ring_round(net, groups, size_bytes)[0]
+
+
+def _ring_round(net: Network, groups: Sequence[Sequence[int]], size_bytes: float) -> tuple[np.ndarray, tuple]:
+    """``_ring_groups``, and the ranks that leave their ring with their last message still
+    queued behind background streams: ``(senders, receivers, early)``, each such sender, the
+    next member of its ring its last message goes to, and how long before the group's end
+    the sender leaves (its last message's time less its own last receive's, which comes
+    through a clear link)."""
     out = np.zeros(len(groups))
     live = [k for k, g in enumerate(groups) if len(g) > 1]
+    none = np.zeros(0, dtype=int)
     if not live:
-        return out
+        return out, (none, none, np.zeros(0))
     rings = [sorted(groups[k]) for k in live]
     src = np.concatenate([np.asarray(g) for g in rings])
     dst = np.concatenate([np.roll(np.asarray(g), -1) for g in rings])
@@ -81,7 +102,12 @@ def _ring_groups(net: Network, groups: Sequence[Sequence[int]], size_bytes: floa
         slowest = max(float(per_flow[start : start + len(g)].max()), host)
         out[k] = 2 * (len(g) - 1) * (net.alpha_s + slowest)
         start += len(g)
-    return out
+    own = np.maximum(per_flow, host)
+    into = np.empty(net.world_size)
+    into[dst] = own  # each member's own last receive
+    queued = behind_queue(net, src, dst)
+    early = np.maximum(own[queued] - into[src[queued]], 0.0)
+    return out, (src[queued], dst[queued], early)
 
 
 def ring_round(net: Network, groups: Sequence[Sequence[int]], size_bytes: float) -> float:
@@ -148,13 +174,27 @@ def rank_times(net: Network, strategy: str, size_bytes: float, iterations: int) 
     therefore waits, next iteration, for a group-mate still in a slow one, and that wait is
     communication time. Every rank computes for the same time between iterations, which
     shifts every clock alike, so compute does not appear.
+
+    One exception to leaving together: a ring member whose last message waits in a queue
+    that background streams keep full leaves once its own last receive is done, and the
+    message's receiver waits for the rest of it. The rest moves while the sender waits for
+    its next group, and stops while that group, if it lies inside the sender's rack, keeps
+    the sender's NIC busy (``_run``): behind a long queue, a flow loses its NIC to flows
+    with a short round trip. That is how a cross-rack pair member of ds-sync or
+    hierarchical averaging holds up its partner (``bench/results/contended-pair.json``).
     """
     racks = [list(r) for r in net.topology().racks()]
     period = planned_rounds(net) if read_spec(strategy)[0] == "ds-sync" else ()
-    pat = pattern(strategy, racks, size_bytes, steps=iterations, plan_period=period)
+    return pattern_times(net, pattern(strategy, racks, size_bytes, steps=iterations, plan_period=period), iterations)
+
+
+def pattern_times(net: Network, pat: Pattern, iterations: int) -> np.ndarray:
+    """``rank_times`` of a pattern: each rank's communication seconds in each of the first
+    ``iterations`` of ``pat``."""
     priced: dict[Op, tuple] = {}  # each distinct op priced once, on first use
     out = np.zeros((iterations, net.world_size))
     clock = np.zeros(net.world_size)
+    held = _Held.none()  # last messages still queued, with the ranks that sent them
     for t in range(iterations):
         ops = pat.iteration(t)
         if not ops:
@@ -163,28 +203,96 @@ def rank_times(net: Network, strategy: str, size_bytes: float, iterations: int) 
         for op in ops:
             if op not in priced:
                 priced[op] = _priced(net, op, len(priced))
-            finish, args = priced[op]
-            after = finish(after, *args)
+            finish, args, group, inside, busy, leavers = priced[op]
+            after, held = _run(after, held, finish, args, group, inside, busy, leavers)
         out[t] = after - clock
         clock = after
     return out
 
 
-def _priced(net: Network, op: Op, index: int) -> tuple[Any, tuple]:
-    """``op``'s finish rule (``_group_finish`` or ``_gossip_finish``) and its arguments:
-    what its groups cost when they run at once. ``index`` seeds a gossip round's order."""
+@dataclass(frozen=True)
+class _Held:
+    """Messages their senders left behind in a queue: sender, receiver, when the sender left,
+    and the seconds of the message still to arrive at that moment."""
+
+    sender: np.ndarray
+    receiver: np.ndarray
+    left: np.ndarray
+    rest: np.ndarray
+
+    @classmethod
+    def none(cls) -> _Held:
+        return cls(np.zeros(0, dtype=int), np.zeros(0, dtype=int), np.zeros(0), np.zeros(0))
+
+    def where(self, keep: np.ndarray) -> _Held:
+        return _Held(self.sender[keep], self.receiver[keep], self.left[keep], self.rest[keep])
+
+    def __add__(self, other: _Held) -> _Held:
+        return _Held(*(np.concatenate([a, b]) for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+
+def _run(clock: np.ndarray, held: _Held, finish: Any, args: tuple, group: np.ndarray, inside: np.ndarray,
+         busy: np.ndarray, leavers: tuple) -> tuple[np.ndarray, _Held]:
+    """One op from ``clock`` (each rank's arrival): each rank's departure, and what is then held.
+
+    A message its sender left queued behind background streams (``_ring_round``) moves while
+    the sender waits for its next group, but once that group runs inside the sender's rack,
+    its flows, whose round trip has no such queue, take the sender's NIC (TCP shares a link
+    in inverse proportion to the round trip) for as long as the sender's own bytes of that
+    group take at the NIC's rate (``busy``; no longer than the group), and the message's rest
+    arrives only after them; its receiver waits for it. A sender whose next group crosses racks, or
+    holds the receiver, sends on behind the same queue, as the op already prices."""
+    in_op = group[held.sender] >= 0
+    starved = in_op & inside[np.maximum(group[held.sender], 0)] & (group[held.sender] != group[held.receiver])
+    wait, held = held.where(starved), held.where(~in_op)
+    ready = clock
+    for _ in range(len(wait.sender) and 4):  # a receiver's wait can hold up another sender's group
+        done = finish(ready, *args)
+        start = np.full(int(group.max()) + 1, -np.inf)
+        np.maximum.at(start, group[group >= 0], ready[group >= 0])
+        rest = wait.rest - np.maximum(start[group[wait.sender]] - wait.left, 0.0)  # what moved while it waited
+        moved = ready.copy()
+        starts = start[group[wait.sender]]
+        free = np.minimum(done[wait.sender], starts + busy[wait.sender])  # the sender's NIC is its own again
+        np.maximum.at(moved, wait.receiver[rest > 0], (free + rest)[rest > 0])
+        if np.array_equal(moved, ready):
+            break
+        ready = moved
+    done = finish(ready, *args)
+    sender, receiver, early = leavers
+    if sender.size:
+        done = done.copy()
+        left = done[sender] - early
+        done[sender] = left
+        held = held + _Held(sender, receiver, left, early)
+    return done, held
+
+
+def _priced(net: Network, op: Op, index: int) -> tuple:
+    """``op``'s finish rule (``_group_finish`` or ``_gossip_finish``) and its arguments (what
+    its groups cost when they run at once), each rank's group (-1 for none, or a group of
+    one), whether each group lies inside one rack, and the ranks that leave with a message
+    still queued (``_ring_round``). ``index`` seeds a gossip round's order."""
     groups = [list(g) for g in op.groups]
+    group = np.full(net.world_size, -1)
+    racks = net.rack_of()
+    live = [g for g in groups if len(g) > 1] if op.kind != "send" else []
+    for k, g in enumerate(live):
+        group[g] = k
+    inside = np.array([len(set(racks[g])) == 1 for g in live], dtype=bool)
+    leavers: tuple = (np.zeros(0, dtype=int), np.zeros(0, dtype=int), np.zeros(0))
     if op.kind == "allreduce":
-        return _group_finish, _as_round(groups, _ring_groups(net, groups, op.nbytes))
-    if op.kind == "reduce":
-        return _group_finish, _as_round(groups, np.full(len(groups), _reduce_time(net, groups, op.nbytes)))
-    if op.kind == "broadcast":
-        return _group_finish, _as_round(groups, np.full(len(groups), _broadcast_time(net, groups, op.nbytes)))
-    if op.kind == "push-pull":  # every worker pushes to and pulls from every shard
+        durations, leavers = _ring_round(net, groups, op.nbytes)
+        rule: tuple = (_group_finish, _as_round(groups, durations))
+    elif op.kind == "reduce":
+        rule = _group_finish, _as_round(groups, np.full(len(groups), _reduce_time(net, groups, op.nbytes)))
+    elif op.kind == "broadcast":
+        rule = _group_finish, _as_round(groups, np.full(len(groups), _broadcast_time(net, groups, op.nbytes)))
+    elif op.kind == "push-pull":  # every worker pushes to and pulls from every shard
         together = any(len(g) > 1 for g in groups)  # a synchronous round: every push, then every reply, at once
-        return _group_finish, _as_round(groups, np.full(len(groups), 2 * _all_to_all_time(net, op.nbytes,
-                                                                                            together=together)))
-    if op.kind == "send":
+        rule = _group_finish, _as_round(groups, np.full(len(groups), 2 * _all_to_all_time(net, op.nbytes,
+                                                                                           together=together)))
+    elif op.kind == "send":
         src = np.array([g[0] for g in groups], dtype=int)
         dst = np.array([g[1] for g in groups], dtype=int)
         sender = np.empty(net.world_size, dtype=int)
@@ -192,8 +300,35 @@ def _priced(net: Network, op: Op, index: int) -> tuple[Any, tuple]:
         sizes = np.full(src.size, op.nbytes)
         flow = np.maximum(per_flow_times(net, src, dst, sizes), host_time(net, src, dst, sizes))
         link, sharing = _binding_links(net, src, dst)
-        return _gossip_finish, (dst, sender, flow, link, sharing, np.random.default_rng(index), net.alpha_s)
-    raise ValueError(f"the simulator cannot price a {op.kind!r} collective")
+        rule = _gossip_finish, (dst, sender, flow, link, sharing, np.random.default_rng(index), net.alpha_s)
+    else:
+        raise ValueError(f"the simulator cannot price a {op.kind!r} collective")
+    busy = _sent_bytes(op, net.world_size) / (net.efficiency * net.nics())
+    return (*rule, group, inside, busy, leavers)
+
+
+def _sent_bytes(op: Op, world_size: int) -> np.ndarray:
+    """Bytes each rank sends in ``op``, by the algorithms ``_priced`` prices."""
+    out = np.zeros(world_size)
+    size = op.nbytes
+    for g in op.groups:
+        n = len(g)
+        if op.kind == "send":
+            out[g[0]] += size
+        elif n < 2:
+            continue
+        elif op.kind == "allreduce":
+            out[list(g)] += 2 * (n - 1) * size / n
+        elif op.kind == "push-pull":  # its pushes, and its shard's replies
+            out[list(g)] += 2 * (world_size - 1) * size / world_size
+        elif op.kind == "reduce":  # a ring reduce-scatter, then every other member's share into the root
+            out[list(g)] += (n - 1) * size / n
+            out[list(g[1:])] += size / n
+        elif op.kind == "broadcast":  # a binomial tree: virtual rank v sends along the bits above its own
+            dim = (n - 1).bit_length()
+            for v in range(n):
+                out[g[v]] += size * sum(v + (1 << i) < n for i in range(v.bit_length(), dim))
+    return out
 
 
 def _as_round(groups: Sequence[Sequence[int]], durations: Sequence[float] | np.ndarray) -> tuple:

@@ -365,3 +365,60 @@ def test_a_slow_uplink_bounds_the_flows_across_it_and_is_planned_around():
     # The world's ring crosses each uplink once each way: rack 1's at a fifth bounds every step.
     assert iteration_times(net, "allreduce", S, 1)[0] == pytest.approx(2 * 7 * (S / 8) / (B / 5))
     assert with_contention(net).to_dict()["contention"]["uplinks"] == [{"rack": 1}]
+
+
+def _queued_pair_then(second: tuple) -> np.ndarray:
+    """Ranks 0 and 2 (racks of two) average S across rack 0's uplink, which one background
+    stream keeps 0.1 s of queue on; then ``second``'s groups average S. Rates are 1 MB/s,
+    efficiency 1, no latency: every figure below is worked out by hand."""
+    from dssync.bench.simulate import pattern_times
+    from dssync.patterns import Op, Pattern
+
+    net = Network((2, 2), nic_bps=1e6, uplink_bps=1e6, alpha_s=0.0, queue_s=0.1, uplink_out_streams={0: 1})
+    first = (Op("allreduce", ((0, 2),), S),)
+    return pattern_times(net, Pattern((first, (Op("allreduce", second, S),)), ()), 2)
+
+
+def test_a_member_whose_last_message_is_queued_leaves_first_and_its_partner_waits_out_its_next_group():
+    # The pair's ring: 0 -> 2 waits 0.1 s and gets half the uplink (0.5 MB at 0.5 MB/s), 1.1 s a
+    # step; 2 -> 0 is clear, 0.5 s; two steps, 2.2 s. Rank 0 leaves when its own last receive
+    # is done, 1.1 s + 0.5 s = 1.6 s, with 0.6 s of its message to go.
+    times = _queued_pair_then(((0, 1), (2, 3)))
+    assert times[0, [0, 2]] == pytest.approx([1.6, 2.2])
+    # Next, rank 0 averages with rank 1 (idle so far) at once: 1 s of its own bytes at its NIC's
+    # rate (2 steps of 0.5 MB), during which its message to rank 2 waits; it arrives at
+    # 2.6 + 0.6 = 3.2 s, and only then can rank 2 start its own 1 s with rank 3.
+    assert times[1, 0] == pytest.approx(1.0)
+    assert times[1, 2] == pytest.approx(3.2 + 1.0 - 2.2)
+    assert times[1, 3] == pytest.approx(4.2)
+
+
+def test_a_queued_message_is_not_held_up_by_a_next_group_that_crosses_racks_or_holds_its_receiver():
+    # Rank 0's next group crosses racks (its flows wait in the same queue): the message arrives
+    # at 2.2 s as priced, and rank 2's group with rank 1 starts then. 0 -> 3 and 1 -> 2 both
+    # leave rack 0 beside the stream, a third of the uplink each: 0.1 + 0.5 / (1/3) = 1.6 s a
+    # step; 3 -> 0 and 2 -> 1 share rack 1's clear uplink, 1 s. Each group takes 3.2 s; rank 2
+    # starts at 2.2 s, and rank 1, whose own last message is queued too, leaves 0.6 s early.
+    crossing = _queued_pair_then(((0, 3), (1, 2)))
+    assert crossing[1, 2] == pytest.approx(3.2)
+    assert crossing[1, 1] == pytest.approx(2.2 + 3.2 - 0.6)
+    # The receiver is in the sender's next group: the group starts when it arrives (2.2 s) and
+    # takes its 2.2 s again; rank 0 waited 0.6 s for it and leaves 0.6 s early once more.
+    again = _queued_pair_then(((0, 2),))
+    assert again[1, [0, 2]] == pytest.approx([0.6 + 2.2 - 0.6, 2.2])
+
+
+def test_a_queued_message_moves_while_its_sender_waits_for_its_next_group():
+    from dssync.bench.simulate import pattern_times
+    from dssync.patterns import Op, Pattern
+
+    # Racks of 3 and 2; rank 1's NIC runs at a quarter of 1 MB/s. Rank 0 leaves its pair with
+    # rank 3 at 1.6 s with 0.6 s of its message to go (the test above); its next group waits
+    # for rank 1 until 4 s (two steps of 0.5 MB at 0.25 MB/s), by which time the message has
+    # arrived, so rank 3 starts with rank 4 at 2.2 s and takes 1 s.
+    net = Network((3, 2), nic_bps=1e6, uplink_bps=1e6, alpha_s=0.0, queue_s=0.1, uplink_out_streams={0: 1},
+                  slow_nics={1: 0.25e6})
+    pat = Pattern(((Op("allreduce", ((0, 3), (1, 2)), S),), (Op("allreduce", ((0, 1), (3, 4)), S),)), ())
+    times = pattern_times(net, pat, 2)
+    assert times[0, [0, 1, 3]] == pytest.approx([1.6, 4.0, 2.2])
+    assert times[1, 3] == pytest.approx(1.0)
