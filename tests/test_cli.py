@@ -308,6 +308,10 @@ def test_bench_simcheck_replays_a_record_on_the_flow_model(tmp_path, capsys, mon
     record, source = json.loads(out.read_text()), json.loads((results / "simcheck-slow-links.json").read_text())
     queue = json.loads((results / "queue-rtt.json").read_text())
     assert record["flow_model"]["queue_s"] == queue["queue_s"] and record["flow_model"]["rtt_s"] == queue["rtt_s"]
+    # the jobs keep the code that measured them; the replay names the model's code apart
+    assert record["provenance"] == json.loads((results / "simcheck-slow-links.json").read_text())["provenance"]
+    assert record["replayed"]["model"] == "flows" and record["replayed"]["from"].endswith("simcheck-slow-links.json")
+    assert {"commit", "date", "cores"} <= set(record["replayed"]["provenance"])
     jobs = {(j["scenario"], j["strategy"], j["seed"]): j for j in source["jobs"]}
     assert len(record["rows"]) == len(jobs)
     for r in record["rows"]:

@@ -54,6 +54,7 @@ def run_simcheck(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
+    from dssync.bench.provenance import provenance
     from dssync.bench.simcheck import markdown_table, predict, simcheck
 
     if args.source:
@@ -62,6 +63,9 @@ def run_simcheck(args: argparse.Namespace) -> int:
             record["rows"] = predict(record)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{args.source} is not a simcheck record: {exc}") from None
+        # The jobs keep the provenance of the code that measured them; the model's is this run's.
+        record["replayed"] = {"from": args.source, "model": args.model,
+                              "provenance": getattr(args, "provenance", None) or provenance()}
     else:
         console = Console(stderr=True)
 
@@ -87,7 +91,12 @@ def run_simcheck(args: argparse.Namespace) -> int:
             record["calibrated_from"] = args.calibrated
     if args.model == "flows":
         record["rows"], record["flow_model"] = _flow_rows(record, args.queue_rtt)
-    report_records(markdown_table(record), record, args)
+    table = markdown_table(record)
+    if args.source:
+        measured = record.get("provenance", {}).get("commit") or "unknown"
+        table = (f"The {args.model} model at the commit above on the jobs of {args.source}, measured at commit "
+                 f"{measured[:12]}.\n\n{table}")
+    report_records(table, record, args)
     return 0
 
 
