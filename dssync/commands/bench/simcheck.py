@@ -93,9 +93,10 @@ def run_simcheck(args: argparse.Namespace) -> int:
         record["rows"], record["flow_model"] = _flow_rows(record, args.queue_rtt)
     table = markdown_table(record)
     if args.source:
-        measured = record.get("provenance", {}).get("commit") or "unknown"
-        table = (f"The {args.model} model at the commit above on the jobs of {args.source}, measured at commit "
-                 f"{measured[:12]}.\n\n{table}")
+        measured = record.get("provenance")  # one run's provenance, or a note on the runs a record joins
+        measured = f"at commit {(measured.get('commit') or 'unknown')[:12]}" if isinstance(measured, dict) else \
+            f"as its provenance says ({measured})"
+        table = f"The {args.model} model at the commit above on the jobs of {args.source}, measured {measured}.\n\n{table}"
     report_records(table, record, args)
     return 0
 
