@@ -133,14 +133,15 @@ def per_flow_times(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.nd
 
 
 def behind_queue(net: Network, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """Which flows wait in a queue that background streams keep full: their sender's NIC, or
-    (between racks) their rack's uplink, carries background streams their way, and the
-    network has such a queue (``queue_s``)."""
+    """Which flows wait in a queue that background streams keep full and that their sender's
+    flows inside its rack do not wait in: flows between racks out of a rack whose uplink
+    carries background streams, from a worker whose own NIC carries none (there every flow
+    of the worker waits alike), where the network has such a queue (``queue_s``)."""
     if net.queue_s <= 0:
         return np.zeros(src.size, dtype=bool)
     racks = net.rack_of()
     bg_nic, bg_up = background_streams(net)
-    return (bg_nic[src] > 0) | ((racks[src] != racks[dst]) & (bg_up[racks[src]] > 0))
+    return (racks[src] != racks[dst]) & (bg_up[racks[src]] > 0) & (bg_nic[src] == 0)
 
 
 def background_streams(net: Network) -> tuple[np.ndarray, np.ndarray]:

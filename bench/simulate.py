@@ -25,9 +25,9 @@ a link's bytes per second):
   clock (``rank_times``): a collective of the whole world lines them up, but a ds-sync group
   starts when its last member arrives and a gossip transfer when both of its ends have, so
   a rank that left a fast group waits, next iteration, for a peer still in a slow one. A
-  ring member whose last message is queued behind background streams leaves before it
-  arrives, and while its next group inside its rack keeps its NIC busy the message waits,
-  and so does its receiver (``rank_times``). A
+  ring member whose last message is queued behind another job's streams on its uplink
+  leaves before it arrives, and while its groups inside its rack keep its NIC busy the
+  message waits, and so does its receiver (``rank_times``). A
   gossip transfer sharing its link with ``f - 1`` others ends at ``2 j / (f + 1)`` of the
   fair time, ``j`` its place in a random order (``_gossip_finish``). An iteration's figure
   is the harness's, the longest any rank spent, waits included.
@@ -175,13 +175,13 @@ def rank_times(net: Network, strategy: str, size_bytes: float, iterations: int) 
     communication time. Every rank computes for the same time between iterations, which
     shifts every clock alike, so compute does not appear.
 
-    One exception to leaving together: a ring member whose last message waits in a queue
-    that background streams keep full leaves once its own last receive is done, and the
-    message's receiver waits for the rest of it. The rest moves while the sender waits for
-    its next group, and stops while that group, if it lies inside the sender's rack, keeps
-    the sender's NIC busy (``_run``): behind a long queue, a flow loses its NIC to flows
-    with a short round trip. That is how a cross-rack pair member of ds-sync or
-    hierarchical averaging holds up its partner (``bench/results/contended-pair.json``).
+    One exception to leaving together: a ring member whose last message waits in the queue
+    that background streams keep full on its rack's uplink leaves once its own last receive
+    is done, and the message's receiver, before its next op, waits for the rest of it. The
+    rest moves while the sender is idle and stops while the sender's NIC is busy with groups
+    inside its rack (``_Spells``): behind a long queue, a flow loses its NIC to flows with a
+    short round trip. That is how a cross-rack pair member of ds-sync or hierarchical
+    averaging holds up its partner (``bench/results/contended-pair.json``).
     """
     racks = [list(r) for r in net.topology().racks()]
     period = planned_rounds(net) if read_spec(strategy)[0] == "ds-sync" else ()
@@ -190,11 +190,44 @@ def rank_times(net: Network, strategy: str, size_bytes: float, iterations: int) 
 
 def pattern_times(net: Network, pat: Pattern, iterations: int) -> np.ndarray:
     """``rank_times`` of a pattern: each rank's communication seconds in each of the first
-    ``iterations`` of ``pat``."""
+    ``iterations`` of ``pat``.
+
+    Where a message is held behind a queue (``_Spells``), its arrival depends on what its
+    sender does after it, later in the run: each pass prices the holds on the senders' busy
+    spells of the pass before (the first on none), until two passes agree."""
     priced: dict[Op, tuple] = {}  # each distinct op priced once, on first use
+    can_hold = np.zeros(net.world_size, dtype=bool)
+    if net.queue_s > 0:  # a rank whose flows out of its rack can wait in its uplink's queue
+        bg_nic, bg_up = background_streams(net)
+        can_hold = (bg_up[net.rack_of()] > 0) & (bg_nic == 0)
+    before = _Spells.of([]), np.zeros(0)
+    for _ in range(PASSES):
+        out, spells, lefts = _one_pass(net, pat, iterations, priced, before, can_hold)
+        if not lefts.size or (lefts.shape == before[1].shape and np.allclose(lefts, before[1], rtol=0, atol=1e-9)):
+            break
+        before = spells, lefts
+    return out
+
+
+#: At most this many passes over a pattern with held messages (``pattern_times``).
+PASSES = 8
+
+
+def _one_pass(net: Network, pat: Pattern, iterations: int, priced: dict[Op, tuple], before: tuple,
+              can_hold: np.ndarray) -> tuple[np.ndarray, _Spells, np.ndarray]:
+    """Each rank's communication seconds per iteration; the busy spells of the ``can_hold``
+    ranks; when the sender of each held message left it, in the order they were held.
+
+    ``before`` is the last pass's spells and leaving times. The same messages are held in
+    every pass, in the same order, so a message's arrival is taken from the last pass's
+    timeline of its sender, shifted by how much later the sender left it in this one."""
     out = np.zeros((iterations, net.world_size))
     clock = np.zeros(net.world_size)
-    held = _Held.none()  # last messages still queued, with the ranks that sent them
+    held = _Held.none()  # last messages still queued: sender, receiver, when the sender left, seconds to go
+    spans: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    lefts: list[np.ndarray] = []
+    spells, left_before = before
+    holds = 0
     for t in range(iterations):
         ops = pat.iteration(t)
         if not ops:
@@ -203,76 +236,114 @@ def pattern_times(net: Network, pat: Pattern, iterations: int) -> np.ndarray:
         for op in ops:
             if op not in priced:
                 priced[op] = _priced(net, op, len(priced))
-            finish, args, group, inside, busy, leavers = priced[op]
-            after, held = _run(after, held, finish, args, group, inside, busy, leavers)
+            finish, args, group, inside, live, busy, leavers = priced[op]
+            takes_part = group >= 0 if op.kind != "send" else np.ones(net.world_size, dtype=bool)
+            due = takes_part[held.receiver]
+            if due.any():  # a receiver starts its next op once the message has arrived
+                m = held.where(due)
+                held = held.where(~due)
+                if m.index.max(initial=-1) < left_before.size:
+                    then = left_before[m.index]
+                    arrival = spells.arrival(m.sender, then, m.rest) + (m.left - then)
+                else:
+                    arrival = m.left + m.rest
+                after = after.copy()
+                np.maximum.at(after, m.receiver, arrival)
+            done = finish(after, *args)
+            spelled = np.flatnonzero(can_hold & (group >= 0) & inside[np.maximum(group, 0)]) if inside.size else ()
+            if len(spelled):  # the sender's NIC is busy with its own bytes of a group inside its rack
+                members, offsets = live
+                begin = np.maximum.reduceat(after[members], offsets)[group[spelled]]
+                spans.append((spelled, begin, np.minimum(done[spelled], begin + busy[spelled])))
+            sender, receiver, early = leavers
+            if sender.size:
+                done = done.copy()
+                left = done[sender] - early
+                done[sender] = left
+                held = held + _Held(sender, receiver, left, early, np.arange(holds, holds + sender.size))
+                lefts.append(left)
+                holds += sender.size
+            after = done
         out[t] = after - clock
         clock = after
-    return out
+    return out, _Spells.of(spans), np.concatenate(lefts) if lefts else np.zeros(0)
 
 
 @dataclass(frozen=True)
 class _Held:
     """Messages their senders left behind in a queue: sender, receiver, when the sender left,
-    and the seconds of the message still to arrive at that moment."""
+    the seconds of the message still to arrive at that moment, and which message it is."""
 
     sender: np.ndarray
     receiver: np.ndarray
     left: np.ndarray
     rest: np.ndarray
+    index: np.ndarray  # the order in which the messages were held, from the run's start
 
     @classmethod
     def none(cls) -> _Held:
-        return cls(np.zeros(0, dtype=int), np.zeros(0, dtype=int), np.zeros(0), np.zeros(0))
+        return cls(np.zeros(0, dtype=int), np.zeros(0, dtype=int), np.zeros(0), np.zeros(0), np.zeros(0, dtype=int))
 
     def where(self, keep: np.ndarray) -> _Held:
-        return _Held(self.sender[keep], self.receiver[keep], self.left[keep], self.rest[keep])
+        return _Held(*(a[keep] for a in astuple(self)))
 
     def __add__(self, other: _Held) -> _Held:
         return _Held(*(np.concatenate([a, b]) for a, b in zip(astuple(self), astuple(other), strict=True)))
 
 
-def _run(clock: np.ndarray, held: _Held, finish: Any, args: tuple, group: np.ndarray, inside: np.ndarray,
-         busy: np.ndarray, leavers: tuple) -> tuple[np.ndarray, _Held]:
-    """One op from ``clock`` (each rank's arrival): each rank's departure, and what is then held.
+@dataclass(frozen=True)
+class _Spells:
+    """The spells in which ranks' NICs are busy with a group inside their rack, and when a
+    message a rank left queued behind its uplink arrives.
 
-    A message its sender left queued behind background streams (``_ring_round``) moves while
-    the sender waits for its next group, but once that group runs inside the sender's rack,
-    its flows, whose round trip has no such queue, take the sender's NIC (TCP shares a link
-    in inverse proportion to the round trip) for as long as the sender's own bytes of that
-    group take at the NIC's rate (``busy``; no longer than the group), and the message's rest
-    arrives only after them; its receiver waits for it. A sender whose next group crosses racks, or
-    holds the receiver, sends on behind the same queue, as the op already prices."""
-    in_op = group[held.sender] >= 0
-    starved = in_op & inside[np.maximum(group[held.sender], 0)] & (group[held.sender] != group[held.receiver])
-    wait, held = held.where(starved), held.where(~in_op)
-    ready = clock
-    for _ in range(len(wait.sender) and 4):  # a receiver's wait can hold up another sender's group
-        done = finish(ready, *args)
-        start = np.full(int(group.max()) + 1, -np.inf)
-        np.maximum.at(start, group[group >= 0], ready[group >= 0])
-        rest = wait.rest - np.maximum(start[group[wait.sender]] - wait.left, 0.0)  # what moved while it waited
-        moved = ready.copy()
-        starts = start[group[wait.sender]]
-        free = np.minimum(done[wait.sender], starts + busy[wait.sender])  # the sender's NIC is its own again
-        np.maximum.at(moved, wait.receiver[rest > 0], (free + rest)[rest > 0])
-        if np.array_equal(moved, ready):
-            break
-        ready = moved
-    done = finish(ready, *args)
-    sender, receiver, early = leavers
-    if sender.size:
-        done = done.copy()
-        left = done[sender] - early
-        done[sender] = left
-        held = held + _Held(sender, receiver, left, early)
-    return done, held
+    Behind a queue that background streams keep full, a flow's round trip is long, and TCP
+    shares a link in inverse proportion to the round trip: while its sender sends to its
+    rack-mates, the message all but stops (the flow model's sharing, ``bench/flows.py``), and
+    it moves on whenever the sender's NIC is idle, waiting for a group or computing. So its
+    rest arrives once the sender has been idle that long after leaving."""
+
+    rank: np.ndarray  # the spells, by rank and then start
+    end: np.ndarray
+    start_key: np.ndarray  # rank * scale + start
+    idle_key: np.ndarray  # rank * scale + the rank's idle time before the spell
+    through: np.ndarray  # the rank's busy time to the end of the spell
+    scale: float
+
+    @classmethod
+    def of(cls, spans: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> _Spells:
+        if not spans:
+            empty = np.zeros(0)
+            return cls(np.zeros(0, dtype=int), empty, empty, empty, empty, 1.0)
+        rank, start, end = (np.concatenate(a) for a in zip(*spans, strict=True))
+        order = np.lexsort((start, rank))
+        rank, start, end = rank[order], start[order], end[order]
+        length = end - start
+        through = np.cumsum(length)
+        first = np.r_[0, np.flatnonzero(np.diff(rank)) + 1]
+        through -= np.repeat(through[first] - length[first], np.diff(np.r_[first, rank.size]))
+        scale = 4 * float(end.max()) + 1  # above any time a pass asks about (``arrival`` checks)
+        return cls(rank, end, rank * scale + start, rank * scale + start - (through - length), through, scale)
+
+    def arrival(self, sender: np.ndarray, left: np.ndarray, rest: np.ndarray) -> np.ndarray:
+        """When each message arrives: after ``rest`` seconds of ``sender``'s idle time from ``left``."""
+        if not self.rank.size or float((left + rest).max()) >= self.scale:
+            return left + rest
+        first = np.searchsorted(self.rank, sender, side="left")
+        j = np.searchsorted(self.start_key, sender * self.scale + left, side="left")
+        busy = np.where(j > first, self.through[j - 1] - np.maximum(self.end[j - 1] - left, 0.0), 0.0)
+        idle = left - busy + rest  # the sender's idle time by the arrival
+        # the sender's spells that start before it has been idle that long lie wholly before the arrival
+        k = np.searchsorted(self.idle_key, sender * self.scale + idle, side="left")
+        return idle + np.where(k > first, self.through[k - 1], 0.0)
 
 
 def _priced(net: Network, op: Op, index: int) -> tuple:
     """``op``'s finish rule (``_group_finish`` or ``_gossip_finish``) and its arguments (what
     its groups cost when they run at once), each rank's group (-1 for none, or a group of
-    one), whether each group lies inside one rack, and the ranks that leave with a message
-    still queued (``_ring_round``). ``index`` seeds a gossip round's order."""
+    one), whether each group lies inside one rack, the groups' members and where each group
+    starts among them, the seconds each rank's NIC takes to send its own bytes of the op,
+    and the ranks that leave with a message still queued (``_ring_round``). ``index`` seeds
+    a gossip round's order."""
     groups = [list(g) for g in op.groups]
     group = np.full(net.world_size, -1)
     racks = net.rack_of()
@@ -280,6 +351,8 @@ def _priced(net: Network, op: Op, index: int) -> tuple:
     for k, g in enumerate(live):
         group[g] = k
     inside = np.array([len(set(racks[g])) == 1 for g in live], dtype=bool)
+    members = (np.concatenate([np.asarray(g, dtype=int) for g in live]) if live else np.zeros(0, dtype=int),
+               np.cumsum([0] + [len(g) for g in live[:-1]]))
     leavers: tuple = (np.zeros(0, dtype=int), np.zeros(0, dtype=int), np.zeros(0))
     if op.kind == "allreduce":
         durations, leavers = _ring_round(net, groups, op.nbytes)
@@ -304,7 +377,7 @@ def _priced(net: Network, op: Op, index: int) -> tuple:
     else:
         raise ValueError(f"the simulator cannot price a {op.kind!r} collective")
     busy = _sent_bytes(op, net.world_size) / (net.efficiency * net.nics())
-    return (*rule, group, inside, busy, leavers)
+    return (*rule, group, inside, members, busy, leavers)
 
 
 def _sent_bytes(op: Op, world_size: int) -> np.ndarray:

@@ -422,3 +422,18 @@ def test_a_queued_message_moves_while_its_sender_waits_for_its_next_group():
     times = pattern_times(net, pat, 2)
     assert times[0, [0, 1, 3]] == pytest.approx([1.6, 4.0, 2.2])
     assert times[1, 3] == pytest.approx(1.0)
+
+
+def test_a_queued_message_waits_while_its_sender_goes_from_one_group_inside_its_rack_to_the_next():
+    from dssync.bench.simulate import pattern_times
+    from dssync.patterns import Op, Pattern
+
+    # As in the first of these tests, but rank 0 averages with rank 1 twice in a row, 1.6-2.6 s
+    # and 2.6-3.6 s, its NIC busy all the while: its message's 0.6 s moves only after that,
+    # and rank 2 starts with rank 3 at 4.2 s (5.2 - 2.2 = 3 s of its iteration).
+    net = Network((2, 2), nic_bps=1e6, uplink_bps=1e6, alpha_s=0.0, queue_s=0.1, uplink_out_streams={0: 1})
+    pat = Pattern(((Op("allreduce", ((0, 2),), S),), (Op("allreduce", ((0, 1), (2, 3)), S),),
+                   (Op("allreduce", ((0, 1),), S),)), ())
+    times = pattern_times(net, pat, 3)
+    assert times[1:, 0] == pytest.approx([1.0, 1.0])
+    assert times[1, 2] == pytest.approx(3.0)
