@@ -226,6 +226,7 @@ def _one_pass(net: Network, pat: Pattern, iterations: int, priced: dict[Op, tupl
     held = _Held.none()  # last messages still queued: sender, receiver, when the sender left, seconds to go
     spans: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     lefts: list[np.ndarray] = []
+    hold_any = bool(can_hold.any())
     spells, left_before = before
     holds = 0
     for t in range(iterations):
@@ -237,8 +238,7 @@ def _one_pass(net: Network, pat: Pattern, iterations: int, priced: dict[Op, tupl
             if op not in priced:
                 priced[op] = _priced(net, op, len(priced))
             finish, args, group, inside, live, busy, leavers = priced[op]
-            takes_part = group >= 0 if op.kind != "send" else np.ones(net.world_size, dtype=bool)
-            due = takes_part[held.receiver]
+            due = (group[held.receiver] >= 0) | (op.kind == "send")
             if due.any():  # a receiver starts its next op once the message has arrived
                 m = held.where(due)
                 held = held.where(~due)
@@ -250,7 +250,8 @@ def _one_pass(net: Network, pat: Pattern, iterations: int, priced: dict[Op, tupl
                 after = after.copy()
                 np.maximum.at(after, m.receiver, arrival)
             done = finish(after, *args)
-            spelled = np.flatnonzero(can_hold & (group >= 0) & inside[np.maximum(group, 0)]) if inside.size else ()
+            spelled = np.flatnonzero(can_hold & (group >= 0) & inside[np.maximum(group, 0)]) \
+                if inside.size and hold_any else ()
             if len(spelled):  # the sender's NIC is busy with its own bytes of a group inside its rack
                 members, offsets = live
                 begin = np.maximum.reduceat(after[members], offsets)[group[spelled]]
