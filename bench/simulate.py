@@ -76,17 +76,19 @@ def _ring_groups(net: Network, groups: Sequence[Sequence[int]], size_bytes: floa
     return _ring_round(net, groups, size_bytes)[0]
 
 
-def _ring_round(net: Network, groups: Sequence[Sequence[int]], size_bytes: float) -> tuple[np.ndarray, tuple]:
-    """``_ring_groups``, and the ranks that leave their ring with their last message still
+def _ring_round(net: Network, groups: Sequence[Sequence[int]], size_bytes: float) -> tuple[np.ndarray, tuple,
+                                                                                             np.ndarray]:
+    """``_ring_groups``; the ranks that leave their ring with their last message still
     queued behind background streams: ``(senders, receivers, early)``, each such sender, the
     next member of its ring its last message goes to, and how long before the group's end
     the sender leaves (its last message's time less its own last receive's, which comes
-    through a clear link)."""
+    through a clear link); and which ranks' flows fill their NIC (none elsewhere holds them
+    to less)."""
     out = np.zeros(len(groups))
     live = [k for k, g in enumerate(groups) if len(g) > 1]
     none = np.zeros(0, dtype=int)
     if not live:
-        return out, (none, none, np.zeros(0))
+        return out, (none, none, np.zeros(0)), np.zeros(net.world_size, dtype=bool)
     rings = [sorted(groups[k]) for k in live]
     src = np.concatenate([np.asarray(g) for g in rings])
     dst = np.concatenate([np.roll(np.asarray(g), -1) for g in rings])
@@ -107,7 +109,10 @@ def _ring_round(net: Network, groups: Sequence[Sequence[int]], size_bytes: float
     into[dst] = own  # each member's own last receive
     queued = behind_queue(net, src, dst)
     early = np.maximum(own[queued] - into[src[queued]], 0.0)
-    return out, (src[queued], dst[queued], early)
+    # a member whose flow runs slower than its NIC alone would send it leaves the NIC room
+    fills = np.zeros(net.world_size, dtype=bool)
+    fills[src] = own <= sizes / (net.efficiency * net.nics()[src]) * (1 + 1e-9)
+    return out, (src[queued], dst[queued], early), fills
 
 
 def ring_round(net: Network, groups: Sequence[Sequence[int]], size_bytes: float) -> float:
@@ -355,8 +360,9 @@ def _priced(net: Network, op: Op, index: int) -> tuple:
     members = (np.concatenate([np.asarray(g, dtype=int) for g in live]) if live else np.zeros(0, dtype=int),
                np.cumsum([0] + [len(g) for g in live[:-1]]))
     leavers: tuple = (np.zeros(0, dtype=int), np.zeros(0, dtype=int), np.zeros(0))
+    fills = np.ones(net.world_size, dtype=bool)  # whether a rank's flows fill its NIC
     if op.kind == "allreduce":
-        durations, leavers = _ring_round(net, groups, op.nbytes)
+        durations, leavers, fills = _ring_round(net, groups, op.nbytes)
         rule: tuple = (_group_finish, _as_round(groups, durations))
     elif op.kind == "reduce":
         rule = _group_finish, _as_round(groups, np.full(len(groups), _reduce_time(net, groups, op.nbytes)))
@@ -377,7 +383,8 @@ def _priced(net: Network, op: Op, index: int) -> tuple:
         rule = _gossip_finish, (dst, sender, flow, link, sharing, np.random.default_rng(index), net.alpha_s)
     else:
         raise ValueError(f"the simulator cannot price a {op.kind!r} collective")
-    busy = _sent_bytes(op, net.world_size) / (net.efficiency * net.nics())
+    # a ring member's NIC is full only while its flow runs at the NIC's rate
+    busy = np.where(fills, _sent_bytes(op, net.world_size) / (net.efficiency * net.nics()), 0.0)
     return (*rule, group, inside, members, busy, leavers)
 
 
