@@ -132,16 +132,20 @@ def per_flow_times(net: Network, src: np.ndarray, dst: np.ndarray, nbytes: np.nd
     return np.where(busy, net.queue_s, 0.0) + head / alone + (nbytes - head) / shared
 
 
-def behind_queue(net: Network, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """Which flows wait in a queue that background streams keep full and that their sender's
-    flows inside its rack do not wait in: flows between racks out of a rack whose uplink
-    carries background streams, from a worker whose own NIC carries none (there every flow
-    of the worker waits alike), where the network has such a queue (``queue_s``)."""
+def queued_senders(net: Network) -> np.ndarray:
+    """Which ranks' flows out of their rack wait in a queue that their flows inside it do
+    not: their rack's uplink carries background streams, their own NIC none (there every
+    flow of the rank waits alike), and the network has such a queue (``queue_s``)."""
     if net.queue_s <= 0:
-        return np.zeros(src.size, dtype=bool)
-    racks = net.rack_of()
+        return np.zeros(net.world_size, dtype=bool)
     bg_nic, bg_up = background_streams(net)
-    return (racks[src] != racks[dst]) & (bg_up[racks[src]] > 0) & (bg_nic[src] == 0)
+    return (bg_up[net.rack_of()] > 0) & (bg_nic == 0)
+
+
+def behind_queue(net: Network, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Which flows leave a ``queued_senders`` rank's rack (and so wait in its uplink's queue)."""
+    racks = net.rack_of()
+    return (racks[src] != racks[dst]) & queued_senders(net)[src]
 
 
 def background_streams(net: Network) -> tuple[np.ndarray, np.ndarray]:

@@ -46,8 +46,8 @@ clocks advance by them; 1000 iterations of 16,384 workers take seconds for every
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -57,6 +57,7 @@ from dssync.bench.links import (
     behind_queue,
     host_time,
     per_flow_times,
+    queued_senders,
     step_time,
 )
 from dssync.patterns import MODELLED, Op, Pattern, pattern, read_spec
@@ -200,11 +201,8 @@ def pattern_times(net: Network, pat: Pattern, iterations: int) -> np.ndarray:
     Where a message is held behind a queue (``_Spells``), its arrival depends on what its
     sender does after it, later in the run: each pass prices the holds on the senders' busy
     spells of the pass before (the first on none), until two passes agree."""
-    priced: dict[Op, tuple] = {}  # each distinct op priced once, on first use
-    can_hold = np.zeros(net.world_size, dtype=bool)
-    if net.queue_s > 0:  # a rank whose flows out of its rack can wait in its uplink's queue
-        bg_nic, bg_up = background_streams(net)
-        can_hold = (bg_up[net.rack_of()] > 0) & (bg_nic == 0)
+    priced: dict[Op, _Priced] = {}  # each distinct op priced once, on first use
+    can_hold = queued_senders(net)
     before = _Spells.of([]), np.zeros(0)
     for _ in range(PASSES):
         out, spells, lefts = _one_pass(net, pat, iterations, priced, before, can_hold)
@@ -218,7 +216,7 @@ def pattern_times(net: Network, pat: Pattern, iterations: int) -> np.ndarray:
 PASSES = 8
 
 
-def _one_pass(net: Network, pat: Pattern, iterations: int, priced: dict[Op, tuple], before: tuple,
+def _one_pass(net: Network, pat: Pattern, iterations: int, priced: dict[Op, _Priced], before: tuple,
               can_hold: np.ndarray) -> tuple[np.ndarray, _Spells, np.ndarray]:
     """Each rank's communication seconds per iteration; the busy spells of the ``can_hold``
     ranks; when the sender of each held message left it, in the order they were held.
@@ -266,7 +264,7 @@ def _one_pass(net: Network, pat: Pattern, iterations: int, priced: dict[Op, tupl
                 done = done.copy()
                 left = done[sender] - early
                 done[sender] = left
-                held = held + _Held(sender, receiver, left, early, np.arange(holds, holds + sender.size))
+                held = held.plus(_Held(sender, receiver, left, early, np.arange(holds, holds + sender.size)))
                 lefts.append(left)
                 holds += sender.size
             after = done
@@ -275,8 +273,7 @@ def _one_pass(net: Network, pat: Pattern, iterations: int, priced: dict[Op, tupl
     return out, _Spells.of(spans), np.concatenate(lefts) if lefts else np.zeros(0)
 
 
-@dataclass(frozen=True)
-class _Held:
+class _Held(NamedTuple):
     """Messages their senders left behind in a queue: sender, receiver, when the sender left,
     the seconds of the message still to arrive at that moment, and which message it is."""
 
@@ -291,10 +288,10 @@ class _Held:
         return cls(np.zeros(0, dtype=int), np.zeros(0, dtype=int), np.zeros(0), np.zeros(0), np.zeros(0, dtype=int))
 
     def where(self, keep: np.ndarray) -> _Held:
-        return _Held(*(a[keep] for a in astuple(self)))
+        return _Held(*(a[keep] for a in self))
 
-    def __add__(self, other: _Held) -> _Held:
-        return _Held(*(np.concatenate([a, b]) for a, b in zip(astuple(self), astuple(other), strict=True)))
+    def plus(self, other: _Held) -> _Held:
+        return _Held(*(np.concatenate([a, b]) for a, b in zip(self, other, strict=True)))
 
 
 @dataclass(frozen=True)
@@ -343,13 +340,20 @@ class _Spells:
         return idle + np.where(k > first, self.through[k - 1], 0.0)
 
 
-def _priced(net: Network, op: Op, index: int) -> tuple:
-    """``op``'s finish rule (``_group_finish`` or ``_gossip_finish``) and its arguments (what
-    its groups cost when they run at once), each rank's group (-1 for none, or a group of
-    one), whether each group lies inside one rack, the groups' members and where each group
-    starts among them, the seconds each rank's NIC takes to send its own bytes of the op,
-    and the ranks that leave with a message still queued (``_ring_round``). ``index`` seeds
-    a gossip round's order."""
+class _Priced(NamedTuple):
+    """An op as the model runs it (``_priced``)."""
+
+    finish: Any  # the finish rule, ``_group_finish`` or ``_gossip_finish`` ...
+    args: tuple  # ... and its arguments: what the op's groups cost when they run at once
+    group: np.ndarray  # each rank's group; -1 for none, or a group of one
+    inside: np.ndarray  # whether each group lies inside one rack
+    live: tuple  # the groups' members, and where each group starts among them
+    busy: np.ndarray  # seconds each rank's NIC is full with its own bytes of the op
+    leavers: tuple  # the ranks that leave with a message still queued (``_ring_round``)
+
+
+def _priced(net: Network, op: Op, index: int) -> _Priced:
+    """``op`` priced on ``net`` (``_Priced``); ``index`` seeds a gossip round's order."""
     groups = [list(g) for g in op.groups]
     group = np.full(net.world_size, -1)
     racks = net.rack_of()
@@ -385,7 +389,7 @@ def _priced(net: Network, op: Op, index: int) -> tuple:
         raise ValueError(f"the simulator cannot price a {op.kind!r} collective")
     # a ring member's NIC is full only while its flow runs at the NIC's rate
     busy = np.where(fills, _sent_bytes(op, net.world_size) / (net.efficiency * net.nics()), 0.0)
-    return (*rule, group, inside, members, busy, leavers)
+    return _Priced(*rule, group, inside, members, busy, leavers)
 
 
 def _sent_bytes(op: Op, world_size: int) -> np.ndarray:
