@@ -424,7 +424,6 @@ def job_rows(record: dict[str, Any], checked: dict[str, Any]) -> list[dict[str, 
 def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
-    import sys
     from pathlib import Path
 
     p = argparse.ArgumentParser(prog="python -m dssync.bench.flows",
@@ -454,11 +453,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['scenario']:>20} {r['strategy']:>12}: wall {r['sim_wall_ms']:7.1f} ms ÷ {min(w):.2f}-{max(w):.2f}, "
               f"comm {r['sim_comm_ms']:7.1f} ÷ {min(c):.2f}-{max(c):.2f}")
     if args.json:
-        from dssync.bench.provenance import provenance
+        from dssync.bench.provenance import write_module_record
 
-        out["record"], out["queue_rtt"] = args.record, args.queue_rtt
-        out["provenance"] = provenance(["python", "-m", "dssync.bench.flows", *(sys.argv[1:] if argv is None else argv)])
-        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+        write_module_record(args.json, {**out, "record": args.record, "queue_rtt": args.queue_rtt},
+                            "dssync.bench.flows", argv)
     return 0
 
 

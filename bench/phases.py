@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -68,11 +67,10 @@ def main(argv: list[str] | None = None) -> int:
                         zip(r["measured"], r["iteration_model"], r["flow_model"], strict=True))
         print(f"{r['scenario']:>22}{cells}")
     if args.json:
-        from dssync.bench.provenance import provenance
+        from dssync.bench.provenance import write_module_record
 
-        out = {"record": args.record, "queue_rtt": args.queue_rtt, "rows": rows,
-               "provenance": provenance(["python", "-m", "dssync.bench.phases", *(sys.argv[1:] if argv is None else argv)])}
-        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+        write_module_record(args.json, {"record": args.record, "queue_rtt": args.queue_rtt, "rows": rows},
+                            "dssync.bench.phases", argv)
     return 0
 
 

@@ -8,6 +8,7 @@ when the code it measures changes.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import shlex
 import subprocess
@@ -15,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["markdown_line", "provenance", "stamp"]
+__all__ = ["markdown_line", "provenance", "stamp", "write_module_record"]
 
 
 _HERE = Path(__file__).resolve().parent
@@ -101,3 +102,11 @@ def stamp(records: Any, prov: dict[str, Any] | None = None) -> Any:
     if isinstance(records, dict):
         return {**records, "provenance": records.get("provenance", prov)}
     return records
+
+
+def write_module_record(path: str | Path, record: dict[str, Any], module: str, argv: list[str] | None) -> None:
+    """Write ``record`` as JSON to ``path``, with the provenance of ``python -m module`` run
+    with ``argv`` (``None``: this process's arguments); for the benches run as modules."""
+    argv = sys.argv[1:] if argv is None else argv
+    out = {**record, "provenance": provenance(["python", "-m", module, *argv])}
+    Path(path).write_text(json.dumps(out, indent=1) + "\n")

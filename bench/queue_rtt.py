@@ -20,7 +20,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 __all__ = ["main", "measure"]
@@ -122,11 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"queue through the loaded uplink {1e3 * record['queue_s']:.1f} ms; clear round trip "
           f"{1e3 * record['rtt_s']:.2f} ms")
     if args.json:
-        from dssync.bench.provenance import provenance
+        from dssync.bench.provenance import write_module_record
 
-        record["provenance"] = provenance(["python", "-m", "dssync.bench.queue_rtt",
-                                           *(sys.argv[1:] if argv is None else argv)])
-        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
+        write_module_record(args.json, record, "dssync.bench.queue_rtt", argv)
     return 0
 
 

@@ -16,10 +16,8 @@ together stands for (docs/simulator.md).
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -91,11 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = measure([s for s in args.strategies.split(",") if s], rounds=args.rounds, rate_scale=args.rate_scale,
                    scenario=args.scenario)
     if args.json:
-        from dssync.bench.provenance import provenance
+        from dssync.bench.provenance import write_module_record
 
-        out = {"rate_scale": args.rate_scale, "scenario": args.scenario, "rows": rows,
-               "provenance": provenance(["python", "-m", "dssync.bench.retrans", *(sys.argv[1:] if argv is None else argv)])}
-        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+        write_module_record(args.json, {"rate_scale": args.rate_scale, "scenario": args.scenario, "rows": rows},
+                            "dssync.bench.retrans", argv)
     return 0
 
 

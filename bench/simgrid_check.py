@@ -271,11 +271,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{max(row['wall_ratios']):.2f}, comm {sim_comm:8.1f} ÷ {min(row['comm_ratios']):.2f}-"
                   f"{max(row['comm_ratios']):.2f} ({row['seconds']:.1f} s)", flush=True)
     if args.json:
-        from dssync.bench.provenance import provenance
+        from dssync.bench.provenance import write_module_record
 
-        prov = provenance(["python", "-m", "dssync.bench.simgrid_check", *(sys.argv[1:] if argv is None else argv)])
-        Path(args.json).write_text(json.dumps({"record": args.record, "model": args.model, "cfg": args.cfg,
-                                               "rows": rows, "provenance": prov}, indent=1) + "\n")
+        write_module_record(args.json, {"record": args.record, "model": args.model, "cfg": args.cfg, "rows": rows},
+                            "dssync.bench.simgrid_check", argv)
     return 0
 
 

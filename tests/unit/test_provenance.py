@@ -90,3 +90,14 @@ def test_records_being_written_do_not_make_the_code_dirty(tmp_path, monkeypatch)
     assert provenance_module.provenance([])["dirty"] is False
     (tmp_path / "bench" / "loop.py").write_text("x = 2\n")  # the measured code changed
     assert provenance_module.provenance([])["dirty"] is True
+
+
+def test_a_module_bench_writes_its_record_with_the_command_that_ran_it(tmp_path):
+    from dssync.bench.provenance import write_module_record
+
+    out = tmp_path / "r.json"
+    write_module_record(out, {"rows": [1, 2]}, "dssync.bench.retrans", ["--scenario", "inter-rack"])
+    record = json.loads(out.read_text())
+    assert record["rows"] == [1, 2]
+    assert record["provenance"]["command"] == "dssync python -m dssync.bench.retrans --scenario inter-rack"
+    assert {"commit", "date", "cores"} <= set(record["provenance"])
