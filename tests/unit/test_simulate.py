@@ -8,11 +8,13 @@ from hypothesis import strategies as st
 from dssync.bench.simulate import (
     Network,
     iteration_times,
+    pattern_times,
     rank_times,
     ring_round,
     simulate,
     table_ii,
 )
+from dssync.patterns import Op, Pattern
 
 B = 125e6  # 1 Gbit/s in bytes/s
 S = 1e6
@@ -373,8 +375,6 @@ def _queued_pair_then(second: tuple) -> np.ndarray:
     """Ranks 0 and 2 (racks of two) average S across rack 0's uplink, which one background
     stream keeps 0.1 s of queue on; then ``second``'s groups average S. Rates are 1 MB/s,
     efficiency 1, no latency: every figure below is worked out by hand."""
-    from dssync.bench.simulate import pattern_times
-    from dssync.patterns import Op, Pattern
 
     net = Network((2, 2), nic_bps=1e6, uplink_bps=1e6, alpha_s=0.0, queue_s=0.1, uplink_out_streams={0: 1})
     first = (Op("allreduce", ((0, 2),), S),)
@@ -411,8 +411,6 @@ def test_a_queued_message_is_not_held_up_by_a_next_group_that_crosses_racks_or_h
 
 
 def test_a_queued_message_moves_while_its_sender_waits_for_its_next_group():
-    from dssync.bench.simulate import pattern_times
-    from dssync.patterns import Op, Pattern
 
     # Racks of 3 and 2; rank 1's NIC runs at a quarter of 1 MB/s. Rank 0 leaves its pair with
     # rank 3 at 1.6 s with 0.6 s of its message to go (the test above); its next group waits
@@ -427,8 +425,6 @@ def test_a_queued_message_moves_while_its_sender_waits_for_its_next_group():
 
 
 def test_a_queued_message_waits_while_its_sender_goes_from_one_group_inside_its_rack_to_the_next():
-    from dssync.bench.simulate import pattern_times
-    from dssync.patterns import Op, Pattern
 
     # As in the first of these tests, but rank 0 averages with rank 1 twice in a row, 1.6-2.6 s
     # and 2.6-3.6 s, its NIC busy all the while: its message's 0.6 s moves only after that,
@@ -451,8 +447,6 @@ def test_held_messages_reach_their_receivers_when_the_flow_model_has_them_arrive
     or not), while rack 1 averages among itself; rack 1's first rank spends the same time
     in both models, within 2 %."""
     from dssync.bench import flows
-    from dssync.bench.simulate import pattern_times
-    from dssync.patterns import Op, Pattern
 
     rng = np.random.default_rng(seed)
     slow_nics = {int(rng.integers(1, rack0)): 0.25e6} if slow else {}
